@@ -1,0 +1,97 @@
+"""API errors in OpenAI's format, and the handlers that render them."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.errors import error_body
+
+
+class ApiError(Exception):
+    """An error the caller should see, with its HTTP status and OpenAI error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, object]:
+        return error_body(self.message, self.type, param=self.param, code=self.code)
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _param_of(loc: tuple[int | str, ...]) -> str | None:
+    """`("body", "messages", 0, "role")` -> `messages[0].role`."""
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out:
+            out += f".{part}"
+        else:
+            out = part
+    return out or None
+
+
+def _validation_message(err: dict[str, object], param: str | None) -> str:
+    if err.get("type") == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}"
+    if err.get("type") == "json_invalid":
+        return "We could not parse the JSON body of your request."
+    msg = str(err.get("msg", "Invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    return f"Invalid value for '{param}': {msg}" if param else msg
+
+
+async def _on_api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first: dict[str, object] = dict(errors[0]) if errors else {}
+    loc = first.get("loc", ())
+    param = _param_of(tuple(loc)) if isinstance(loc, (tuple, list)) else None
+    if first.get("type") == "json_invalid":
+        param = None
+    body = error_body(_validation_message(first, param), "invalid_request_error", param=param)
+    return JSONResponse(body, status_code=400)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)

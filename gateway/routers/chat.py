@@ -1,0 +1,55 @@
+"""`POST /v1/chat/completions`: HTTP only; the logic lives in `ChatService`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.auth import Team, current_team
+from gateway.services.chat import ActiveRequest, ChatService
+from schemas.chat import ChatCompletion, ChatCompletionRequest
+from schemas.errors import error_body
+from schemas.messages import ErrorEvent
+
+router = APIRouter()
+
+
+def _service(request: Request) -> ChatService:
+    service: ChatService = request.app.state.chat_service
+    return service
+
+
+async def _sse(
+    service: ChatService, active: ActiveRequest, include_usage: bool
+) -> AsyncIterator[str]:
+    async for item in service.stream_chunks(active, include_usage):
+        if isinstance(item, ErrorEvent):
+            body = error_body(item.message, "server_error", code=item.code)
+            body["usage"] = item.usage.model_dump()
+            yield f"data: {json.dumps(body)}\n\n"
+            break
+        yield f"data: {item.model_dump_json()}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    team: Annotated[Team, Depends(current_team)],
+    service: Annotated[ChatService, Depends(_service)],
+) -> StreamingResponse | JSONResponse:
+    job = service.build_job(body, team)
+    active = await service.start(job)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _sse(service, active, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": job.request_id},
+        )
+    completion: ChatCompletion = await service.complete(active)
+    return JSONResponse(completion.model_dump(), headers={"X-Request-Id": job.request_id})

@@ -1,0 +1,1 @@
+"""The gateway's logic, independent of HTTP and of the message-plane adapters."""

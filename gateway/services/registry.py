@@ -1,0 +1,89 @@
+"""Model resolution (name -> deployment) and the live view of replicas from heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from gateway.errors import ApiError, model_not_found
+from gateway.settings import Deployment
+from schemas.messages import ReplicaHeartbeat
+from topics.ports import ReplicaDirectory
+
+log = structlog.get_logger()
+
+
+class ReplicaView:
+    """Replicas by pool, refreshed from the directory in the background."""
+
+    def __init__(self, directory: ReplicaDirectory, refresh_s: float) -> None:
+        self._directory = directory
+        self._refresh_s = refresh_s
+        self._by_pool: dict[str, list[ReplicaHeartbeat]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.refreshed_at = 0.0
+
+    async def refresh(self) -> None:
+        by_pool: dict[str, list[ReplicaHeartbeat]] = {}
+        for replica in await self._directory.replicas():
+            by_pool.setdefault(replica.pool, []).append(replica)
+        self._by_pool = by_pool
+        self.refreshed_at = time.monotonic()
+
+    async def start(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="replica-view")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.refresh()
+            except Exception as exc:  # Redis away: keep the last view, try again next tick
+                log.warning("replica_refresh_failed", error=type(exc).__name__)
+
+    def ready(self, pool: str) -> list[ReplicaHeartbeat]:
+        return [r for r in self._by_pool.get(pool, []) if r.state == "ready" and r.healthy]
+
+
+class ModelRegistry:
+    """The served models, and whether each has a ready replica."""
+
+    def __init__(self, deployments: list[Deployment], replicas: ReplicaView) -> None:
+        self._deployments = {d.name: d for d in deployments}
+        self.replicas = replicas
+
+    @property
+    def deployments(self) -> list[Deployment]:
+        return list(self._deployments.values())
+
+    @property
+    def default(self) -> Deployment | None:
+        return next(iter(self._deployments.values()), None)
+
+    def resolve(self, model: str) -> Deployment:
+        deployment = self._deployments.get(model)
+        if deployment is None:
+            raise model_not_found(model)
+        return deployment
+
+    def require_ready(self, deployment: Deployment) -> None:
+        """503 when no ready replica of the deployment's pool is heartbeating."""
+        if not self.replicas.ready(deployment.pool):
+            raise ApiError(
+                503,
+                f"No ready replica is serving `{deployment.name}` right now; retry shortly.",
+                type_="server_error",
+                code="model_unavailable",
+                headers={"Retry-After": "5"},
+            )

@@ -1,0 +1,50 @@
+"""The gateway process's settings (environment variables prefixed ``LLMQ_``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Deployment(BaseModel):
+    """A model the gateway serves and the pool of workers that runs it."""
+
+    name: str
+    """The model name callers use (`model` in requests)."""
+    path: str
+    """A folder with the model's tokenizer and chat template (the weights may live elsewhere)."""
+    pool: str
+    """The worker pool whose job topics carry this model's requests."""
+    max_model_len: int = 2048
+    """Prompt plus output tokens the engine accepts for one request."""
+
+
+class GatewaySettings(BaseSettings):
+    """Everything one gateway process needs; built once at start-up."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers (host:port, comma-separated)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis (or Valkey) for the token relay, cancels and heartbeats."""
+    s3_endpoint_url: str | None = None
+    """S3 API endpoint for files and batches; None means AWS's default endpoint."""
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds."""
+    port: int = 8000
+    """Port the HTTP server binds."""
+    gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """This process's id; names its reply channel. Unique per process."""
+    deployments: list[Deployment] = []
+    """Served models (JSON list); the first is the default model checked by /readyz."""
+    api_keys: dict[str, str] = {"sk-llmq-dev": "dev"}
+    """Bearer API key -> team (JSON object). Keys are kept only as SHA-256 hashes in memory."""
+    request_timeout_s: float = 600.0
+    """Deadline of an interactive request, from arrival to its last token."""
+    replica_refresh_s: float = 0.5
+    """How often the gateway re-reads replica heartbeats."""
+    log_json: bool = False
+    """JSON logs (production) instead of console logs (development)."""

@@ -1,0 +1,1 @@
+"""llmq: the product's entry point (CLI, shared settings, logging, the local stack launcher)."""

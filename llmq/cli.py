@@ -1,0 +1,107 @@
+"""The `llmq` command: run the processes, manage topics, the local stack, models, benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="llmq: a queue-centric, OpenAI-compatible LLM inference platform.")
+topics_app = typer.Typer(help="Kafka topics.")
+dev_app = typer.Typer(help="The local stack (broker, Redis, S3, gateway, one worker).")
+model_app = typer.Typer(help="Model folders for the local stack and tests.")
+bench_app = typer.Typer(help="Benchmarks that print numbers.")
+app.add_typer(topics_app, name="topics")
+app.add_typer(dev_app, name="dev")
+app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
+
+
+@app.command()
+def gateway() -> None:
+    """Run the gateway (configured by LLMQ_* environment variables)."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+    from llmq.logging import configure_logging
+
+    settings = GatewaySettings()
+    configure_logging(settings.log_json)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
+@app.command()
+def worker() -> None:
+    """Run one worker: a vLLM engine replica pulling its pool's jobs."""
+    from llmq.engine_env import reexec_with_engine_env
+    from llmq.logging import configure_logging
+    from workers.main import run_worker
+    from workers.settings import WorkerSettings
+
+    settings = WorkerSettings()
+    reexec_with_engine_env(settings.kv_cache_gib)
+    configure_logging(settings.log_json)
+    run_worker(settings)
+
+
+@topics_app.command("ensure")
+def topics_ensure(
+    pool: Annotated[list[str], typer.Option(help="Pools whose job topics to create.")],
+    bootstrap: Annotated[str, typer.Option(envvar="LLMQ_KAFKA_BOOTSTRAP")] = "127.0.0.1:9092",
+    partitions: Annotated[int, typer.Option(help="Partitions per topic.")] = 8,
+) -> None:
+    """Create every topic the given pools need (safe to run again)."""
+    from topics.kafka import ensure_topics
+
+    created = asyncio.run(ensure_topics(bootstrap, pool, partitions))
+    typer.echo(f"created {len(created)} topics" + (f": {', '.join(created)}" if created else ""))
+
+
+@dev_app.command("up")
+def dev_up(
+    detach: Annotated[bool, typer.Option(help="Return once ready; leave it running.")] = False,
+) -> None:
+    """Start the local stack and serve the API on 127.0.0.1:8000."""
+    from llmq.devstack import DevStackSettings, up
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False)
+    up(DevStackSettings(), detach=detach)
+
+
+@dev_app.command("down")
+def dev_down() -> None:
+    """Stop a detached local stack."""
+    from llmq.devstack import down
+
+    down()
+
+
+@dev_app.command("status")
+def dev_status() -> None:
+    """One line per part of the local stack."""
+    from llmq.devstack import status
+
+    raise typer.Exit(status())
+
+
+@model_app.command("build")
+def model_build(name: str) -> None:
+    """Build a model folder (`smollm2-135m-instruct` or `tiny-llama`) if missing; print its path."""
+    from llmq.logging import configure_logging
+    from llmq.modelbuild import ensure_model
+
+    configure_logging(json=False)
+    typer.echo(str(ensure_model(name)))
+
+
+if __name__ == "__main__":
+    app()

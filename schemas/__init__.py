@@ -1,0 +1,1 @@
+"""Pydantic models: the OpenAI API surface llmq speaks, and every internal message it sends."""

@@ -1,0 +1,141 @@
+"""Internal messages: what travels on Kafka topics and Redis channels.
+
+Every message is versioned (``schema_version``), strict (``extra="forbid"``), frozen, and
+discriminated by ``type``. They go on the wire as JSON, never pickle, so any Kafka or Redis
+client can read them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.chat import FinishReason, Tier
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class SamplingSettings(BaseModel):
+    """What the engine needs to sample one request (engine-neutral)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+
+
+class InferenceJob(Message):
+    """One request to run: produced by the gateway (or batch service), consumed by a worker."""
+
+    type: Literal["inference"] = "inference"
+    request_id: str
+    team: str
+    model: str
+    pool: str
+    adapter: str | None = None
+    tier: Tier = "interactive"
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSettings
+    stream: bool = True
+    created_at: float
+    deadline: float
+    reply_to: str
+
+
+class UsageCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TokenEvent(Message):
+    """Text produced by one engine step (deltas are coalesced per step)."""
+
+    type: Literal["token"] = "token"
+    request_id: str
+    seq: int
+    text: str
+    num_tokens: int
+
+
+class FinishEvent(Message):
+    """The last event of a successful request."""
+
+    type: Literal["finish"] = "finish"
+    request_id: str
+    finish_reason: FinishReason
+    usage: UsageCounts
+
+
+class ErrorEvent(Message):
+    """The last event of a failed request; ``usage`` counts only what was delivered."""
+
+    type: Literal["error"] = "error"
+    request_id: str
+    code: str
+    message: str
+    usage: UsageCounts = UsageCounts()
+
+
+ReplyEvent = Annotated[TokenEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
+reply_event_adapter: TypeAdapter[TokenEvent | FinishEvent | ErrorEvent] = TypeAdapter(ReplyEvent)
+
+
+class CancelEvent(Message):
+    """Ask whichever worker holds (or will fetch) this request to drop it."""
+
+    type: Literal["cancel"] = "cancel"
+    request_id: str
+
+
+class UsageRecord(Message):
+    """One per finished request, on the usage topic (metering, quota reconciliation)."""
+
+    type: Literal["usage"] = "usage"
+    request_id: str
+    team: str
+    model: str
+    tier: Tier
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    finished_at: float
+
+
+ReplicaState = Literal["loading", "ready", "draining"]
+
+
+class ReplicaHeartbeat(Message):
+    """A worker's liveness and load, refreshed in Redis every ~0.5 s with a short TTL."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    replica_id: str
+    pool: str
+    model: str
+    state: ReplicaState
+    healthy: bool = True
+    partitions: tuple[str, ...] = ()
+    kv_cache_usage: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    sent_at: float

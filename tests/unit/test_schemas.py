@@ -1,0 +1,145 @@
+"""The OpenAI request surface and the internal messages: what is accepted, what is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.chat import ChatCompletionRequest
+from schemas.messages import InferenceJob, SamplingSettings, TokenEvent, reply_event_adapter
+
+BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _req(**extra: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({**BASE, **extra})
+
+
+def test_minimal_request_defaults() -> None:
+    req = _req()
+    assert req.stream is False
+    assert req.tier == "interactive"
+    assert req.output_limit is None
+    assert req.stop_list == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"max_tokens": 5},
+        {"max_completion_tokens": 7, "max_tokens": 5},
+        {"temperature": 0, "top_p": 0.5, "seed": 3, "stop": ["a", "b"], "user": "u"},
+        {"response_format": {"type": "json_object"}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+            }
+        },
+        {"tier": "batch", "n": 1},
+        {
+            "messages": [
+                {"role": "system", "content": "s"},
+                {"role": "developer", "content": "d"},
+                {"role": "user", "content": [{"type": "text", "text": "u"}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "r", "tool_call_id": "c1"},
+            ]
+        },
+    ],
+)
+def test_valid_requests(extra: dict[str, Any]) -> None:
+    _req(**extra)
+
+
+def test_max_completion_tokens_wins() -> None:
+    assert _req(max_completion_tokens=7, max_tokens=5).output_limit == 7
+
+
+def test_json_schema_keeps_its_schema() -> None:
+    req = _req(
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": 1}}}
+    )
+    assert req.response_format is not None and req.response_format.type == "json_schema"
+    assert req.response_format.json_schema.schema_ == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"tier": "platinum"}, "tier"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"stream_options": {"include_usage": True}}, None),
+        ({"frobnicate": True}, "frobnicate"),
+    ],
+)
+def test_invalid_requests(extra: dict[str, Any], field: str | None) -> None:
+    with pytest.raises(ValidationError) as info:
+        _req(**extra)
+    if field is not None:
+        assert info.value.errors()[0]["loc"][0] == field
+
+
+def _job(**extra: Any) -> dict[str, Any]:
+    return {
+        "request_id": "r1",
+        "team": "t",
+        "model": "m",
+        "pool": "p",
+        "prompt_token_ids": [1, 2, 3],
+        "sampling": {"max_tokens": 4},
+        "created_at": 1.0,
+        "deadline": 2.0,
+        "reply_to": "llmq:reply:g",
+        **extra,
+    }
+
+
+def test_job_round_trips_as_json() -> None:
+    job = InferenceJob.model_validate(_job())
+    again = InferenceJob.model_validate_json(job.to_bytes())
+    assert again == job
+    assert again.schema_version == 1
+    assert again.sampling == SamplingSettings(max_tokens=4)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"schema_version": 2}, {"surprise": 1}, {"type": "other"}, {"tier": "gold"}]
+)
+def test_job_is_strict(extra: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        InferenceJob.model_validate(_job(**extra))
+
+
+def test_job_is_frozen() -> None:
+    job = InferenceJob.model_validate(_job())
+    with pytest.raises(ValidationError):
+        job.team = "other"  # type: ignore[misc]
+
+
+def test_reply_events_are_discriminated_by_type() -> None:
+    raw = TokenEvent(request_id="r", seq=0, text="a", num_tokens=1).to_bytes()
+    assert isinstance(reply_event_adapter.validate_json(raw), TokenEvent)
+    with pytest.raises(ValidationError):
+        reply_event_adapter.validate_json(b'{"type": "nope", "request_id": "r"}')

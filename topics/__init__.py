@@ -1,0 +1,1 @@
+"""Where messages travel: the topic/channel catalog and the Kafka and Redis adapters."""

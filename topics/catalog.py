@@ -1,0 +1,53 @@
+"""The one place that names every Kafka topic, consumer group and Redis channel or key."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+PriorityClass = Literal["interactive", "batch"]
+PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "batch")
+
+USAGE_TOPIC = "llmq.usage"
+"""One usage record per finished request, keyed by team."""
+
+RESULTS_TOPIC = "llmq.results"
+"""Finished batch lines, keyed by batch id (durable)."""
+
+DEAD_TOPIC = "llmq.dead"
+"""Jobs that cannot be processed, with the reason."""
+
+CANCEL_CHANNEL = "llmq:cancel"
+"""Redis pub/sub channel on which gateways announce cancelled requests."""
+
+REPLICA_KEY_PATTERN = "llmq:replica:*"
+
+
+def job_topic(pool: str, priority: PriorityClass) -> str:
+    """Jobs for one pool and one priority class."""
+    return f"llmq.jobs.{pool}.{priority}"
+
+
+def worker_group(pool: str) -> str:
+    """The consumer group shared by every worker of a pool."""
+    return f"llmq.workers.{pool}"
+
+
+def reply_channel(gateway_id: str) -> str:
+    """Redis pub/sub channel carrying token events for every request one gateway holds."""
+    return f"llmq:reply:{gateway_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    """Redis key (with a TTL) marking a request as cancelled, for jobs not yet fetched."""
+    return f"llmq:cancel:{request_id}"
+
+
+def replica_key(replica_id: str) -> str:
+    """Redis key (with a TTL) holding a worker's latest heartbeat."""
+    return f"llmq:replica:{replica_id}"
+
+
+def all_topics(pools: list[str]) -> list[str]:
+    """Every Kafka topic the given pools need."""
+    jobs = [job_topic(pool, cls) for pool in pools for cls in PRIORITY_CLASSES]
+    return [*jobs, USAGE_TOPIC, RESULTS_TOPIC, DEAD_TOPIC]

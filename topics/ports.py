@@ -1,0 +1,88 @@
+"""Ports: what the gateway and workers need from the message plane, as protocols.
+
+Adapters (`topics.kafka`, `topics.redis_relay`) implement them; services depend only on these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.messages import (
+    CancelEvent,
+    ErrorEvent,
+    FinishEvent,
+    InferenceJob,
+    ReplicaHeartbeat,
+    TokenEvent,
+    UsageRecord,
+)
+
+ReplyEventT = TokenEvent | FinishEvent | ErrorEvent
+
+
+@dataclass(frozen=True)
+class JobReceipt:
+    """Where a produced job landed."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class JobQueue(Protocol):
+    """Producer side of the job topics."""
+
+    async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
+        """Produce a job durably (acks=all) and return where it landed."""
+        ...
+
+
+class ReplySubscription(Protocol):
+    """The events of one request, in order, as they reach this gateway."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[ReplyEventT]: ...
+
+    async def next_event(self) -> ReplyEventT:
+        """The next event (wrap in `asyncio.timeout` to bound the wait)."""
+        ...
+
+
+class ReplyRelay(Protocol):
+    """Gateway side of the token relay: one shared subscription, demultiplexed per request."""
+
+    channel: str
+
+    def open(self, request_id: str) -> ReplySubscription:
+        """Start collecting a request's events; call before the job is produced."""
+        ...
+
+    def close(self, request_id: str) -> None:
+        """Stop collecting a request's events."""
+
+
+class EventPublisher(Protocol):
+    """Worker side of the token relay."""
+
+    async def publish(self, channel: str, event: ReplyEventT) -> None: ...
+
+
+class CancelBus(Protocol):
+    """Cancellation of running and still-queued requests."""
+
+    async def cancel(self, event: CancelEvent) -> None: ...
+
+    async def is_cancelled(self, request_id: str) -> bool: ...
+
+
+class ReplicaDirectory(Protocol):
+    """Live replicas, from their heartbeats."""
+
+    async def replicas(self) -> list[ReplicaHeartbeat]: ...
+
+
+class UsageSink(Protocol):
+    async def record(self, usage: UsageRecord) -> None: ...

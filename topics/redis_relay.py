@@ -1,0 +1,163 @@
+"""Redis adapters: the token relay (pub/sub), cancels, and replica heartbeats.
+
+The relay follows encode/broadcaster's shape: one pub/sub connection per gateway process,
+subscribed to that gateway's reply channel once at start-up, demultiplexed to per-request
+queues. Because the subscription exists before any job is produced, no event can be missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import structlog
+from pydantic import ValidationError
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from schemas.messages import CancelEvent, ReplicaHeartbeat, reply_event_adapter
+from topics import catalog
+from topics.ports import ReplyEventT
+
+log = structlog.get_logger()
+
+
+class _RequestEvents:
+    """The queue of one request's events."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[ReplyEventT] = asyncio.Queue()
+
+    async def next_event(self) -> ReplyEventT:
+        return await self.queue.get()
+
+    async def __aiter__(self) -> AsyncIterator[ReplyEventT]:
+        while True:
+            yield await self.queue.get()
+
+
+class RedisReplyRelay:
+    """Gateway side: one subscription to ``llmq:reply:<gateway-id>``, events routed by id."""
+
+    def __init__(self, redis: Redis, gateway_id: str) -> None:
+        self._redis = redis
+        self.channel = catalog.reply_channel(gateway_id)
+        self._requests: dict[str, _RequestEvents] = {}
+        self._pubsub: PubSub | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(self.channel)
+        self._reader = asyncio.create_task(self._read(self._pubsub), name="reply-relay")
+        log.info("relay_subscribed", channel=self.channel)
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._pubsub is not None:
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def open(self, request_id: str) -> _RequestEvents:
+        events = _RequestEvents(request_id)
+        self._requests[request_id] = events
+        return events
+
+    def close(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._requests)
+
+    def deliver(self, raw: bytes | str) -> bool:
+        """Route one raw message to its request's queue; False if nobody waits for it."""
+        try:
+            event = reply_event_adapter.validate_json(raw)
+        except ValidationError:
+            log.warning("reply_event_rejected", size=len(raw))
+            return False
+        events = self._requests.get(event.request_id)
+        if events is None:
+            return False
+        events.queue.put_nowait(event)
+        return True
+
+    async def _read(self, pubsub: PubSub) -> None:
+        async for message in pubsub.listen():
+            if message.get("type") == "message":
+                self.deliver(message["data"])
+
+
+class RedisEventPublisher:
+    """Worker side of the relay: publish one event to the requesting gateway's channel."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def publish(self, channel: str, event: ReplyEventT) -> None:
+        await self._redis.publish(channel, event.to_bytes())
+
+
+class RedisCancelBus:
+    """Cancels: a key with a TTL (for jobs still queued) plus a broadcast (for running ones)."""
+
+    def __init__(self, redis: Redis, ttl_s: int = 3600) -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+
+    async def cancel(self, event: CancelEvent) -> None:
+        await self._redis.set(catalog.cancel_key(event.request_id), b"1", ex=self._ttl_s)
+        await self._redis.publish(catalog.CANCEL_CHANNEL, event.to_bytes())
+
+    async def is_cancelled(self, request_id: str) -> bool:
+        return bool(await self._redis.exists(catalog.cancel_key(request_id)))
+
+    async def listen(self) -> AsyncIterator[str]:
+        """Request ids as they are cancelled (workers run this for the life of the process)."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(catalog.CANCEL_CHANNEL)
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") != "message":
+                    continue
+                try:
+                    yield CancelEvent.model_validate_json(message["data"]).request_id
+                except ValidationError:
+                    log.warning("cancel_event_rejected")
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+class RedisReplicaDirectory:
+    """Heartbeats as Redis keys with a TTL: a replica that stops beating disappears."""
+
+    def __init__(self, redis: Redis, ttl_ms: int = 3000) -> None:
+        self._redis = redis
+        self._ttl_ms = ttl_ms
+
+    async def beat(self, heartbeat: ReplicaHeartbeat) -> None:
+        await self._redis.set(
+            catalog.replica_key(heartbeat.replica_id), heartbeat.to_bytes(), px=self._ttl_ms
+        )
+
+    async def remove(self, replica_id: str) -> None:
+        await self._redis.delete(catalog.replica_key(replica_id))
+
+    async def replicas(self) -> list[ReplicaHeartbeat]:
+        keys = [key async for key in self._redis.scan_iter(match=catalog.REPLICA_KEY_PATTERN)]
+        if not keys:
+            return []
+        found: list[ReplicaHeartbeat] = []
+        for raw in await self._redis.mget(keys):
+            if raw is None:
+                continue
+            try:
+                found.append(ReplicaHeartbeat.model_validate_json(raw))
+            except ValidationError:
+                log.warning("heartbeat_rejected", size=len(raw))
+        return found

@@ -1,0 +1,1 @@
+"""Engine adapters behind the `EngineClient` port; only adapters import an engine library."""

@@ -1,0 +1,57 @@
+"""The engine port: what the pull loop needs from an inference engine.
+
+Modelled on vLLM's ``EngineClient`` protocol, reduced to what a queue worker uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.messages import InferenceJob
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """What one engine step produced for one request (a delta, not the cumulative output)."""
+
+    text: str
+    num_new_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load, as of its last scheduler step."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+
+class EngineClient(Protocol):
+    """An engine that runs jobs concurrently and streams their deltas."""
+
+    max_num_seqs: int
+    max_model_len: int
+
+    async def start(self) -> None:
+        """Load the model; return when the engine can take requests."""
+
+    def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
+        """Run one job; yield one `EngineStep` per engine step until it is finished."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request and free its KV blocks."""
+
+    def stats(self) -> EngineStats:
+        """Current load, from the engine's own scheduler statistics."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its processes."""

@@ -1,0 +1,60 @@
+"""The replica heartbeat: pool, model, state, assigned partitions and engine load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from schemas.messages import ReplicaHeartbeat, ReplicaState
+from topics.redis_relay import RedisReplicaDirectory
+from workers.engine.port import EngineClient
+
+log = structlog.get_logger()
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        directory: RedisReplicaDirectory,
+        *,
+        replica_id: str,
+        pool: str,
+        model: str,
+        interval_s: float,
+    ) -> None:
+        self._directory = directory
+        self._replica_id = replica_id
+        self._pool = pool
+        self._model = model
+        self._interval_s = interval_s
+        self.state: ReplicaState = "loading"
+        self.engine: EngineClient | None = None
+        self.partitions: Callable[[], list[str]] = list
+
+    def current(self) -> ReplicaHeartbeat:
+        stats = self.engine.stats() if self.engine is not None and self.state != "loading" else None
+        return ReplicaHeartbeat(
+            replica_id=self._replica_id,
+            pool=self._pool,
+            model=self._model,
+            state=self.state,
+            partitions=tuple(self.partitions()),
+            kv_cache_usage=stats.kv_cache_usage if stats else 0.0,
+            running=stats.running if stats else 0,
+            waiting=stats.waiting if stats else 0,
+            sent_at=time.time(),
+        )
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._directory.beat(self.current())
+            except Exception as exc:  # Redis away: keep beating, it comes back
+                log.warning("heartbeat_failed", error=type(exc).__name__)
+            await asyncio.sleep(self._interval_s)
+
+    async def remove(self) -> None:
+        await self._directory.remove(self._replica_id)

@@ -1,0 +1,43 @@
+"""The worker process's settings (environment variables prefixed ``LLMQ_``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    """Everything one worker (one engine replica) needs; built once at start-up."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers (host:port, comma-separated)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis (or Valkey) for the token relay, cancels and heartbeats."""
+    model: str = "smollm2-135m-instruct"
+    """The model name this worker serves (what callers put in `model`)."""
+    model_path: str = ""
+    """Folder with the model's weights, config and tokenizer."""
+    pool: str = "smollm2"
+    """The pool this replica belongs to; it consumes that pool's job topics."""
+    replica_id: str = Field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
+    """This replica's id in heartbeats and logs."""
+    max_num_seqs: int = 16
+    """Most sequences the engine runs at once; the pull loop never holds more jobs."""
+    max_model_len: int = 2048
+    """Prompt plus output tokens per request."""
+    kv_cache_gib: float = 1.0
+    """KV cache size on the CPU engine (VLLM_CPU_KVCACHE_SPACE); GPUs size it themselves."""
+    dtype: str = "bfloat16"
+    """Weights and activations precision."""
+    heartbeat_interval_s: float = 0.5
+    """How often the heartbeat is refreshed in Redis."""
+    heartbeat_ttl_s: float = 3.0
+    """How long a heartbeat lives; a replica silent for longer is treated as gone."""
+    drain_grace_s: float = 60.0
+    """On SIGTERM, how long in-flight requests may run before they are aborted."""
+    log_json: bool = False
+    """JSON logs (production) instead of console logs (development)."""
