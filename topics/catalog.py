@@ -42,6 +42,11 @@ def cancel_key(request_id: str) -> str:
     return f"llmq:cancel:{request_id}"
 
 
+def done_key(request_id: str) -> str:
+    """Redis key (with a TTL) marking a request as finished, so redeliveries are skipped."""
+    return f"llmq:done:{request_id}"
+
+
 def replica_key(replica_id: str) -> str:
     """Redis key (with a TTL) holding a worker's latest heartbeat."""
     return f"llmq:replica:{replica_id}"

@@ -78,6 +78,14 @@ class CancelBus(Protocol):
     async def is_cancelled(self, request_id: str) -> bool: ...
 
 
+class JobLedger(Protocol):
+    """Which requests already reached a terminal event (consumers are idempotent by id)."""
+
+    async def is_finished(self, request_id: str) -> bool: ...
+
+    async def mark_finished(self, request_id: str) -> None: ...
+
+
 class ReplicaDirectory(Protocol):
     """Live replicas, from their heartbeats."""
 

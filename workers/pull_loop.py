@@ -64,6 +64,7 @@ class PullLoop:
         self._max_in_flight = max_in_flight
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._cancelled_by_client: set[str] = set()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._interactive_topic = catalog.job_topic(pool, "interactive")
@@ -84,6 +85,8 @@ class PullLoop:
         task = self._running.get(request_id)
         if task is None:
             return False
+        self._cancelled_by_client.add(request_id)
+        self._runner.cancelled_by_client(request_id)
         task.cancel()
         await self._engine.abort(request_id)
         log.info("job_cancelled", request_id=request_id)
@@ -136,13 +139,22 @@ class PullLoop:
 
     async def _run_job(self, tp: TopicPartition, offset: int, job: InferenceJob) -> None:
         structlog.contextvars.bind_contextvars(partition=tp.partition, offset=offset)
+        terminal = False
         try:
             await self._runner.run(job)
+            terminal = True
         except asyncio.CancelledError:
-            pass
+            # Cancelled by its client: that is its end. Cancelled by a drain past its grace
+            # or a shutdown: it never finished, so its offset stays uncommitted and the job
+            # is re-delivered to whichever worker owns the partition next.
+            terminal = job.request_id in self._cancelled_by_client
+            if not terminal:
+                raise
         finally:
+            self._cancelled_by_client.discard(job.request_id)
             self._running.pop(job.request_id, None)
-            self.offsets.finished(tp, offset)
+            if terminal:
+                self.offsets.finished(tp, offset)
             self._slot_freed.set()
 
     async def commit(self) -> None:
@@ -160,16 +172,23 @@ class PullLoop:
             return
         self.offsets.committed(owned)
 
+    async def abandon(self) -> None:
+        """Stop every running job without committing it (crash semantics: re-delivered)."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
     async def _drain(self, grace_s: float) -> None:
         self._pause_all()
         tasks = list(self._running.values())
         log.info("drain_started", in_flight=len(tasks))
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
-            for task in pending:
-                task.cancel()
             if pending:
-                await asyncio.wait(pending)
+                log.warning("drain_grace_exceeded", aborted=len(pending))
+                await self.abandon()
         await self.commit()
         log.info("drain_finished")
 

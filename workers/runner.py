@@ -6,6 +6,7 @@ when the engine ran it, one usage record that bills only the tokens that were pr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from schemas.messages import (
     UsageCounts,
     UsageRecord,
 )
-from topics.ports import CancelBus, EventPublisher, UsageSink
+from topics.ports import CancelBus, EventPublisher, JobLedger, UsageSink
 from workers.engine.port import EngineClient
 
 log = structlog.get_logger()
@@ -38,15 +39,21 @@ class JobRunner:
         publisher: EventPublisher,
         usage: UsageSink,
         cancels: CancelBus,
+        ledger: JobLedger,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
         self._usage = usage
         self._cancels = cancels
+        self._ledger = ledger
+        self._client_cancelled: set[str] = set()
 
     async def run(self, job: InferenceJob) -> JobOutcome:
-        """Run `job` to a terminal event. Cancellation of the calling task aborts the engine."""
+        """Run `job` to a terminal event; cancelling the calling task aborts it in the engine."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
+        if await self._ledger.is_finished(job.request_id):
+            bound.info("job_skipped_finished")
+            return JobOutcome("duplicate", UsageCounts())
         if await self._cancels.is_cancelled(job.request_id):
             bound.info("job_skipped_cancelled")
             return JobOutcome("cancelled", UsageCounts())
@@ -59,12 +66,13 @@ class JobRunner:
                     message="The request expired in the queue before a worker could start it.",
                 ),
             )
+            await self._ledger.mark_finished(job.request_id)
             bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
             return JobOutcome("deadline_exceeded", UsageCounts())
 
         started = time.time()
         usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))
-        outcome = "cancelled"
+        outcome = "stop"
         seq = 0
         try:
             async for step in self._engine.generate(job):
@@ -74,24 +82,27 @@ class JobRunner:
                     completion_tokens=usage.completion_tokens + step.num_new_tokens,
                 )
                 if step.text or step.num_new_tokens:
-                    await self._publisher.publish(
-                        job.reply_to,
-                        TokenEvent(
-                            request_id=job.request_id,
-                            seq=seq,
-                            text=step.text,
-                            num_tokens=step.num_new_tokens,
-                        ),
+                    event = TokenEvent(
+                        request_id=job.request_id,
+                        seq=seq,
+                        text=step.text,
+                        num_tokens=step.num_new_tokens,
                     )
+                    await self._publisher.publish(job.reply_to, event)
                     seq += 1
-                if step.finished:
-                    outcome = step.finish_reason or "stop"
-            if outcome not in ("stop", "length"):
-                outcome = "stop"
+                if step.finished and step.finish_reason == "length":
+                    outcome = "length"
             await self._publisher.publish(
                 job.reply_to,
                 FinishEvent(request_id=job.request_id, finish_reason=outcome, usage=usage),
             )
+        except asyncio.CancelledError:
+            if job.request_id not in self._client_cancelled:
+                raise  # a shutdown, not an end: the job stays uncommitted and runs again
+            self._client_cancelled.discard(job.request_id)
+            outcome = "cancelled"
+            await self._finished(job, outcome, usage, started)
+            raise
         except Exception as exc:
             outcome = "engine_error"
             bound.error("job_failed", error=type(exc).__name__)
@@ -104,26 +115,38 @@ class JobRunner:
                     usage=usage,
                 ),
             )
-        finally:
-            await self._usage.record(
-                UsageRecord(
-                    request_id=job.request_id,
-                    team=job.team,
-                    model=job.model,
-                    tier=job.tier,
-                    prompt_tokens=usage.prompt_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    finish_reason=outcome,
-                    finished_at=time.time(),
-                )
-            )
-            bound.info(
-                "job_finished",
-                outcome=outcome,
+        await self._finished(job, outcome, usage, started)
+        return JobOutcome(outcome, usage)
+
+    def cancelled_by_client(self, request_id: str) -> None:
+        """Mark a running job's coming cancellation as its end (not a shutdown)."""
+        self._client_cancelled.add(request_id)
+
+    async def _finished(
+        self, job: InferenceJob, outcome: str, usage: UsageCounts, started: float
+    ) -> None:
+        """A terminal outcome: remember it, and bill exactly the tokens produced."""
+        await self._ledger.mark_finished(job.request_id)
+        await self._usage.record(
+            UsageRecord(
+                request_id=job.request_id,
+                team=job.team,
+                model=job.model,
+                tier=job.tier,
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,
-                seconds=round(time.time() - started, 4),
+                finish_reason=outcome,
+                finished_at=time.time(),
             )
-        return JobOutcome(outcome, usage)
+        )
+        log.info(
+            "job_finished",
+            request_id=job.request_id,
+            team=job.team,
+            outcome=outcome,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            seconds=round(time.time() - started, 4),
+        )

@@ -1,0 +1,59 @@
+"""A scripted engine for integration tests of the queue path (the broker and Redis are real).
+
+It stands in for vLLM only where the test is about Kafka offsets and the Redis relay; the
+real engine is proven by the e2e tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from schemas.messages import InferenceJob
+from workers.engine.port import EngineStats, EngineStep
+
+
+class ScriptedEngine:
+    """Answers each job with "<request_id>:<i>" tokens; jobs named in `hold` never finish."""
+
+    def __init__(self, tokens: int = 3, hold: set[str] | None = None, max_num_seqs: int = 4):
+        self.tokens = tokens
+        self.hold = hold or set()
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = 4096
+        self.calls: Counter[str] = Counter()
+        self.running: set[str] = set()
+        self.started = asyncio.Event()
+
+    async def start(self) -> None:
+        self.started.set()
+
+    async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
+        self.calls[job.request_id] += 1
+        self.running.add(job.request_id)
+        try:
+            if job.request_id in self.hold:
+                await asyncio.Event().wait()
+            prompt = len(job.prompt_token_ids)
+            for i in range(self.tokens):
+                await asyncio.sleep(0)
+                yield EngineStep(
+                    text=f"{job.request_id}:{i} ",
+                    num_new_tokens=1,
+                    prompt_tokens=prompt,
+                    cached_tokens=0,
+                    finished=i == self.tokens - 1,
+                    finish_reason="length" if i == self.tokens - 1 else None,
+                )
+        finally:
+            self.running.discard(job.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.running.discard(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.running))
+
+    async def shutdown(self) -> None:
+        return None

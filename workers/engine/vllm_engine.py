@@ -1,0 +1,233 @@
+"""`EngineClient` on vLLM's in-process ``AsyncLLM`` (the only module that imports vllm).
+
+One request per `InferenceJob`: token-id prompts, streamed as deltas, priority by tier, prefix
+caching on. Load comes from a custom stat logger that vLLM feeds ``SchedulerStats`` after every
+engine step; since nothing is recorded while the engine is idle, the adapter also counts the
+requests it has in flight and never reports more running or waiting requests than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from schemas.messages import InferenceJob, SamplingSettings
+from workers.engine.port import EngineStats, EngineStep
+
+log = structlog.get_logger()
+
+TIER_PRIORITY = {"interactive": 0, "batch": 10}
+"""vLLM runs lower priority values first."""
+
+STRUCTURED_OUTPUT_BACKEND = "xgrammar"
+"""Compact JSON (no free whitespace) needs an explicit backend: "auto" rejects the flag."""
+
+_FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+class EngineRequestError(ValueError):
+    """The engine rejected the request itself (prompt too long, bad schema): do not retry."""
+
+
+def openai_finish_reason(reason: str | None) -> str:
+    """Map vLLM's finish reason (stop, length, abort, error, repetition) to OpenAI's."""
+    return _FINISH_REASONS.get(str(reason), "stop")
+
+
+@dataclass
+class _Load:
+    """The last ``SchedulerStats`` the engine reported."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    updated_at: float = 0.0
+
+
+def _stat_logger_factory(load: _Load) -> Any:
+    """A per-engine ``StatLoggerBase`` factory whose loggers write into ``load``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class LoadStatLogger(StatLoggerBase):  # type: ignore[misc]
+        """Keeps the scheduler's running/waiting counts and KV usage."""
+
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is None:
+                return
+            load.running = int(scheduler_stats.num_running_reqs)
+            load.waiting = int(scheduler_stats.num_waiting_reqs) + int(
+                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
+            )
+            load.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            load.updated_at = time.monotonic()
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return LoadStatLogger
+
+
+class VllmEngine:
+    """vLLM ``AsyncLLM`` behind the `EngineClient` port."""
+
+    def __init__(
+        self,
+        model_path: str,
+        served_name: str,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: str = "bfloat16",
+        enforce_eager: bool = True,
+    ) -> None:
+        self.model_path = model_path
+        self.served_name = served_name
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.enforce_eager = enforce_eager
+        self._llm: Any = None
+        self._load = _Load()
+        self._in_flight: set[str] = set()
+
+    async def start(self) -> None:
+        """Start the engine process and load the model (off the event loop)."""
+        if self._llm is not None:
+            return
+        from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            served_model_name=[self.served_name],
+            dtype=self.dtype,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=True,
+            scheduling_policy="priority",
+            disable_log_stats=True,
+            structured_outputs_config=StructuredOutputsConfig(
+                backend=STRUCTURED_OUTPUT_BACKEND, disable_any_whitespace=True
+            ),
+        )
+        started = time.monotonic()
+        factory = _stat_logger_factory(self._load)
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+        log.info(
+            "engine_started",
+            model=self.served_name,
+            seconds=round(time.monotonic() - started, 2),
+        )
+
+    def _sampling_params(self, sampling: SamplingSettings) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        structured = None
+        if sampling.json_schema is not None:
+            structured = StructuredOutputsParams(json=sampling.json_schema)
+        elif sampling.json_object:
+            structured = StructuredOutputsParams(json_object=True)
+        return SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
+            stop=list(sampling.stop) or None,
+            seed=sampling.seed,
+            structured_outputs=structured,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
+        """Stream one job; closing or cancelling the iterator aborts the request."""
+        if self._llm is None:
+            raise RuntimeError("engine not started")
+        from vllm import TokensPrompt
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            params = self._sampling_params(job.sampling)
+        except VLLMClientError as exc:
+            raise EngineRequestError(str(exc)) from exc
+        prompt = TokensPrompt(prompt_token_ids=list(job.prompt_token_ids))
+        request_id = job.request_id
+        self._in_flight.add(request_id)
+        finished = False
+        stream: AsyncGenerator[Any, None] = self._llm.generate(
+            prompt, params, request_id, priority=TIER_PRIORITY.get(job.tier, 0)
+        )
+        try:
+            async for output in stream:
+                completion = output.outputs[0]
+                finished = bool(output.finished)
+                yield EngineStep(
+                    text=completion.text,
+                    num_new_tokens=len(completion.token_ids),
+                    prompt_tokens=len(output.prompt_token_ids or job.prompt_token_ids),
+                    cached_tokens=int(output.num_cached_tokens or 0),
+                    finished=finished,
+                    finish_reason=(
+                        openai_finish_reason(completion.finish_reason) if finished else None
+                    ),
+                )
+                if finished:
+                    break
+        except VLLMClientError as exc:
+            raise EngineRequestError(str(exc)) from exc
+        finally:
+            self._in_flight.discard(request_id)
+            await stream.aclose()  # vLLM aborts the request if it is still running
+            if not finished:
+                await self._abort_quietly(request_id)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await self._llm.abort(request_id)
+        except Exception as exc:  # the engine may be shutting down
+            log.warning("engine_abort_failed", request_id=request_id, error=repr(exc))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; its stream ends with a final, finished step."""
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        """Scheduler load, bounded by the requests this adapter has in flight."""
+        in_flight = len(self._in_flight)
+        if in_flight == 0:
+            return EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
+        running = min(self._load.running, in_flight)
+        waiting = min(self._load.waiting, in_flight - running)
+        return EngineStats(
+            running=running, waiting=waiting, kv_cache_usage=self._load.kv_cache_usage
+        )
+
+    async def shutdown(self) -> None:
+        """Stop the engine core process and release its resources."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        handler = getattr(llm, "output_handler", None)
+        if handler is not None:  # else it logs EngineDeadError while the core stops
+            handler.cancel()
+        await asyncio.to_thread(llm.shutdown)
+        self._in_flight.clear()
+        log.info("engine_stopped", model=self.served_name)

@@ -1,0 +1,104 @@
+"""One worker: an engine replica, its pull loop, heartbeat and cancel listener, wired up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from redis.asyncio import Redis
+
+from topics.kafka import KafkaProducer, KafkaUsageSink, job_consumer
+from topics.redis_relay import (
+    RedisCancelBus,
+    RedisEventPublisher,
+    RedisJobLedger,
+    RedisReplicaDirectory,
+)
+from workers.engine.port import EngineClient
+from workers.heartbeat import Heartbeat
+from workers.pull_loop import PullLoop, listen_for_cancels
+from workers.runner import JobRunner
+from workers.settings import WorkerSettings
+
+log = structlog.get_logger()
+
+
+class Worker:
+    """`run()` serves until `drain()`; cancelling `run()` instead is a crash (no commit)."""
+
+    def __init__(self, settings: WorkerSettings, engine: EngineClient) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.ready = asyncio.Event()
+        self._loop: PullLoop | None = None
+        self._drain_requested = False
+        self._heartbeat: Heartbeat | None = None
+
+    def drain(self) -> None:
+        """Stop fetching, let in-flight jobs finish (up to the grace period), commit, leave."""
+        log.info("drain_requested")
+        self._drain_requested = True
+        if self._heartbeat is not None:
+            self._heartbeat.state = "draining"
+        if self._loop is not None:
+            self._loop.stop()
+
+    async def run(self) -> None:
+        settings = self.settings
+        structlog.contextvars.bind_contextvars(replica=settings.replica_id, pool=settings.pool)
+        redis = Redis.from_url(settings.redis_url)
+        producer = KafkaProducer(settings.kafka_bootstrap, client_id=settings.replica_id)
+        heartbeat = Heartbeat(
+            RedisReplicaDirectory(redis, ttl_ms=int(settings.heartbeat_ttl_s * 1000)),
+            replica_id=settings.replica_id,
+            pool=settings.pool,
+            model=settings.model,
+            interval_s=settings.heartbeat_interval_s,
+        )
+        self._heartbeat = heartbeat
+        background: list[asyncio.Task[None]] = [asyncio.create_task(heartbeat.run())]
+        consumer = job_consumer(settings.kafka_bootstrap, settings.pool, settings.replica_id)
+        loop: PullLoop | None = None
+        try:
+            await producer.start()
+            await self.engine.start()
+            heartbeat.engine = self.engine
+            await consumer.start()
+            cancels = RedisCancelBus(redis)
+            runner = JobRunner(
+                self.engine,
+                RedisEventPublisher(redis),
+                KafkaUsageSink(producer),
+                cancels,
+                RedisJobLedger(redis),
+            )
+            loop = PullLoop(
+                consumer, self.engine, runner, settings.pool, max_in_flight=self.engine.max_num_seqs
+            )
+            self._loop = loop
+            heartbeat.partitions = loop.assigned
+            background.append(asyncio.create_task(listen_for_cancels(cancels, loop)))
+            if self._drain_requested:
+                loop.stop()
+            heartbeat.state = "draining" if self._drain_requested else "ready"
+            self.ready.set()
+            log.info("worker_ready", model=settings.model, max_num_seqs=self.engine.max_num_seqs)
+            await loop.run(settings.drain_grace_s)
+        finally:
+            if loop is not None:
+                await loop.abandon()  # no-op after a drain; a crash leaves jobs uncommitted
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            with contextlib.suppress(Exception):
+                await heartbeat.remove()
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            await self.engine.shutdown()
+            await redis.aclose()
+            log.info("worker_stopped")
