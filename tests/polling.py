@@ -16,17 +16,17 @@ T = TypeVar("T")
 async def eventually(
     probe: Callable[[], Awaitable[T]],
     accept: Callable[[T], bool],
-    timeout: float,
+    within: float,
     interval: float = 0.05,
 ) -> T:
     """The first value of `probe()` that `accept`s, or TimeoutError with the last value seen."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     value = await probe()
     for _ in iter(int, 1):
         if accept(value):
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"still {value!r} after {timeout}s")
+            raise TimeoutError(f"still {value!r} after {within}s")
         await asyncio.sleep(interval)
         value = await probe()
     raise AssertionError("unreachable")

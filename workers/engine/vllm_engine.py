@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -24,7 +24,7 @@ log = structlog.get_logger()
 TIER_PRIORITY = {"interactive": 0, "batch": 10}
 """vLLM runs lower priority values first."""
 
-STRUCTURED_OUTPUT_BACKEND = "xgrammar"
+STRUCTURED_OUTPUT_BACKEND: Final = "xgrammar"
 """Compact JSON (no free whitespace) needs an explicit backend: "auto" rejects the flag."""
 
 _FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -53,7 +53,7 @@ def _stat_logger_factory(load: _Load) -> Any:
     """A per-engine ``StatLoggerBase`` factory whose loggers write into ``load``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class LoadStatLogger(StatLoggerBase):  # type: ignore[misc]
+    class LoadStatLogger(StatLoggerBase):  # type: ignore[misc,unused-ignore]
         """Keeps the scheduler's running/waiting counts and KV usage."""
 
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
@@ -112,20 +112,21 @@ class VllmEngine:
         from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            served_model_name=[self.served_name],
-            dtype=self.dtype,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            enforce_eager=self.enforce_eager,
-            enable_prefix_caching=True,
-            scheduling_policy="priority",
-            disable_log_stats=True,
-            structured_outputs_config=StructuredOutputsConfig(
+        options: dict[str, Any] = {
+            "model": self.model_path,
+            "served_model_name": [self.served_name],
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": True,
+            "scheduling_policy": "priority",
+            "disable_log_stats": True,  # no periodic log lines; our stat logger still runs
+            "structured_outputs_config": StructuredOutputsConfig(
                 backend=STRUCTURED_OUTPUT_BACKEND, disable_any_whitespace=True
             ),
-        )
+        }
+        args = AsyncEngineArgs(**options)
         started = time.monotonic()
         factory = _stat_logger_factory(self._load)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])

@@ -1,0 +1,368 @@
+"""The local stack: broker, Valkey, moto, one worker and the gateway on this machine.
+
+``up`` starts every part as a child process in its own session and records them in
+``run_dir()/stack.json``; ``down`` stops what that file names; ``status`` reports on it. Logs
+of every part go to ``run_dir()/logs/<part>.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmq import paths
+from llmq.engine_env import engine_environment
+from llmq.services import (
+    LOCALHOST,
+    ManagedProcess,
+    ServiceStartError,
+    http_status,
+    is_alive,
+    start_llmq,
+    start_moto,
+    start_tansu,
+    start_valkey,
+    stop,
+    tcp_open,
+    wait_ready,
+)
+
+log = structlog.get_logger()
+
+STATE_VERSION = 1
+_STOP_TIMEOUT_S = {"gateway": 30.0, "worker": 60.0}
+"""Seconds a part gets to exit after SIGTERM (the worker drains in-flight work); default 10."""
+
+
+class DevStackSettings(BaseSettings):
+    """How the local stack is laid out (environment variables ``LLMQ_DEV_*``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LLMQ_DEV_", use_attribute_docstrings=True, extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    """Address the gateway listens on."""
+    port: int = 8000
+    """Port the gateway listens on."""
+    kafka_port: int = 9092
+    """Port of the local Kafka-protocol broker (Tansu) on 127.0.0.1."""
+    redis_port: int = 6379
+    """Port of the local Valkey (Redis) server on 127.0.0.1."""
+    s3_port: int = 9000
+    """Port of the local S3-API server (moto) on 127.0.0.1."""
+    model: str = "smollm2-135m-instruct"
+    """Served model name; its folder is built under models_dir() on first use."""
+    pool: str = "smollm2"
+    """Worker pool of the model (names its job topics)."""
+    max_model_len: int = 2048
+    """Longest prompt + completion the worker accepts, in tokens."""
+    max_num_seqs: int = 16
+    """Most sequences the worker's engine runs at once."""
+    kv_cache_gib: float = 1.0
+    """KV-cache memory of the worker's engine, in GiB."""
+    partitions: int = 8
+    """Partitions of each job topic."""
+    api_key: str = "sk-llmq-dev"
+    """The API key the local gateway accepts."""
+    team: str = "dev"
+    """Team the API key belongs to."""
+    ready_timeout_s: float = 600.0
+    """Seconds to wait for the gateway's /readyz (the first start builds the model)."""
+    log_json: bool = False
+    """Whether the gateway and worker write JSON log lines instead of console lines."""
+
+    @property
+    def gateway_url(self) -> str:
+        host = LOCALHOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def state_path() -> Path:
+    """Where the running stack is recorded."""
+    return paths.run_dir() / "stack.json"
+
+
+def logs_dir() -> Path:
+    return paths.run_dir() / "logs"
+
+
+def read_state() -> list[ManagedProcess] | None:
+    """The parts recorded in the state file, in start order (None when there is none)."""
+    path = state_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("state_file_unreadable", path=str(path), error=str(exc))
+        return []
+    return [ManagedProcess.from_dict(part) for part in data.get("parts", [])]
+
+
+def _write_state(parts: list[ManagedProcess], settings: DevStackSettings) -> None:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "gateway_url": settings.gateway_url,
+        "parts": [p.to_dict() for p in parts],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _remove_state() -> None:
+    with contextlib.suppress(FileNotFoundError):
+        state_path().unlink()
+
+
+def _stop_all(parts: list[ManagedProcess]) -> None:
+    """Stop parts in reverse start order, by pid."""
+    for part in reversed(parts):
+        if stop(part, timeout=_STOP_TIMEOUT_S.get(part.name, 10.0)):
+            print(f"stopped {part.name} (pid {part.pid})")
+
+
+def _worker_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -> dict[str, str]:
+    env = {
+        "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
+        "LLMQ_REDIS_URL": f"redis://{LOCALHOST}:{settings.redis_port}/0",
+        "LLMQ_MODEL": settings.model,
+        "LLMQ_MODEL_PATH": str(model_path),
+        "LLMQ_POOL": settings.pool,
+        "LLMQ_MAX_MODEL_LEN": str(settings.max_model_len),
+        "LLMQ_MAX_NUM_SEQS": str(settings.max_num_seqs),
+        "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
+        "LLMQ_REPLICA_ID": f"{settings.pool}-dev-0",
+        "LLMQ_LOG_JSON": str(settings.log_json).lower(),
+    }
+    # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so
+    # the worker need not re-execute itself to get it.
+    env.update(engine_environment(settings.kv_cache_gib))
+    return env
+
+
+def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -> dict[str, str]:
+    deployment = {
+        "name": settings.model,
+        "path": str(model_path),
+        "pool": settings.pool,
+        "max_model_len": settings.max_model_len,
+    }
+    return {
+        "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
+        "LLMQ_REDIS_URL": f"redis://{LOCALHOST}:{settings.redis_port}/0",
+        "LLMQ_S3_ENDPOINT_URL": f"http://{LOCALHOST}:{settings.s3_port}",
+        "LLMQ_HOST": settings.host,
+        "LLMQ_PORT": str(settings.port),
+        "LLMQ_DEPLOYMENTS": json.dumps([deployment]),
+        "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team}),
+        "LLMQ_LOG_JSON": str(settings.log_json).lower(),
+    }
+
+
+def _fresh_log(name: str) -> Path:
+    path = logs_dir() / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.replace(path.with_suffix(".log.1"))
+    return path
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so a terminated `dev up` still cleans up."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_if_running() -> None:
+    parts = read_state()
+    if parts is None:
+        return
+    alive = [p for p in parts if is_alive(p.pid)]
+    if not alive:
+        log.info("stale_state_removed", path=str(state_path()))
+        _remove_state()
+        return
+    names = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
+    print(f"a local stack is already running: {names}", file=sys.stderr)
+    print(
+        "stop it first with `llmq dev down` (or check it with `llmq dev status`)", file=sys.stderr
+    )
+    raise SystemExit(1)
+
+
+def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> None:
+    """Start every part, appending each to started (and to the state file) as it comes up."""
+    from llmq.modelbuild import ensure_model
+    from topics.kafka import ensure_topics
+
+    def record(part: ManagedProcess) -> None:
+        started.append(part)
+        _write_state(started, settings)
+
+    ports = {
+        "gateway": settings.port,
+        "tansu": settings.kafka_port,
+        "valkey": settings.redis_port,
+        "moto": settings.s3_port,
+    }
+    for name, port in ports.items():
+        if tcp_open(LOCALHOST, port):
+            raise ServiceStartError(
+                name, f"port {port} is already in use on {LOCALHOST} (choose another in LLMQ_DEV_*)"
+            )
+
+    print(f"preparing model {settings.model} ...")
+    model_path = ensure_model(settings.model)
+    log.info("model_ready", model=settings.model, path=str(model_path))
+
+    bootstrap = f"{LOCALHOST}:{settings.kafka_port}"
+    record(start_tansu(settings.kafka_port, _fresh_log("tansu")))
+    valkey_dir = paths.run_dir() / "valkey"
+    record(start_valkey(settings.redis_port, _fresh_log("valkey"), data_dir=valkey_dir))
+    record(start_moto(settings.s3_port, _fresh_log("moto")))
+    try:
+        asyncio.run(ensure_topics(bootstrap, [settings.pool], settings.partitions))
+    except Exception as exc:
+        raise ServiceStartError("topics", f"creating topics failed: {exc!r}") from exc
+
+    print("starting worker and gateway (first engine start can take a few minutes) ...")
+    worker = start_llmq(
+        "worker", _worker_env(settings, model_path, bootstrap), _fresh_log("worker")
+    )
+    record(worker)
+    gateway_env = _gateway_env(settings, model_path, bootstrap)
+    gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
+    record(gateway)
+    readyz = f"{settings.gateway_url}/readyz"
+    wait_ready(
+        lambda: http_status(readyz) == 200,
+        settings.ready_timeout_s,
+        [gateway, worker],
+        f"{readyz} to answer 200",
+    )
+
+
+def _print_ready(settings: DevStackSettings) -> None:
+    url = settings.gateway_url
+    print(f"llmq is up at {url}/v1 (logs in {logs_dir()})")
+    print(f"API key: {settings.api_key} (team {settings.team})")
+    body = json.dumps(
+        {"model": settings.model, "messages": [{"role": "user", "content": "Say hello"}]}
+    )
+    print(
+        f"try: curl -s {url}/v1/chat/completions -H 'Authorization: Bearer {settings.api_key}' "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+
+
+def _block_until_interrupted(parts: list[ManagedProcess]) -> None:
+    print("press Ctrl-C to stop the stack")
+    reported: set[int] = set()
+    while True:
+        time.sleep(1.0)
+        for part in parts:
+            if part.pid not in reported and not is_alive(part.pid):
+                reported.add(part.pid)
+                log.warning("part_exited", part=part.name, pid=part.pid, log=str(part.log_path))
+                print(f"{part.name} (pid {part.pid}) exited; see {part.log_path}", file=sys.stderr)
+
+
+def up(settings: DevStackSettings | None = None, detach: bool = False) -> None:
+    """Start the local stack; block until Ctrl-C/SIGTERM unless detach, then stop it."""
+    settings = settings or DevStackSettings()
+    _refuse_if_running()
+    started: list[ManagedProcess] = []
+    with _sigterm_as_interrupt():
+        try:
+            _start_all(settings, started)
+        except KeyboardInterrupt:
+            print("interrupted; stopping what was started", file=sys.stderr)
+            _stop_all(started)
+            _remove_state()
+            raise SystemExit(130) from None
+        except Exception as exc:
+            log.error("stack_start_failed", error=str(exc).splitlines()[0])
+            _stop_all(started)
+            _remove_state()
+            print(f"llmq dev up failed: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        log.info("stack_started", url=settings.gateway_url, parts=[p.name for p in started])
+        _print_ready(settings)
+        if detach:
+            print("running in the background; stop it with `llmq dev down`")
+            return
+        try:
+            _block_until_interrupted(started)
+        except KeyboardInterrupt:
+            print("\nstopping the stack ...")
+            _stop_all(started)
+            _remove_state()
+            log.info("stack_stopped")
+
+
+def down() -> None:
+    """Stop every part named in the state file, in reverse start order."""
+    parts = read_state()
+    if parts is None:
+        print("no local stack is running (no state file)")
+        return
+    if not any(is_alive(p.pid) for p in parts):
+        print("the recorded stack was not running; removing its state file")
+    _stop_all(parts)
+    _remove_state()
+    log.info("stack_stopped", parts=[p.name for p in parts])
+
+
+def status() -> int:
+    """Print one line per part; 0 when every part is alive and its port answers."""
+    parts = read_state()
+    if parts is None:
+        print(f"no local stack is running (no {state_path()})")
+        return 1
+    if not parts:
+        print(f"the state file {state_path()} names no parts")
+        return 1
+    healthy = True
+    for part in parts:
+        alive = is_alive(part.pid)
+        if part.port is None:
+            answering = "-"
+        else:
+            host = LOCALHOST if part.host in ("0.0.0.0", "::", "") else part.host
+            answering = "yes" if alive and tcp_open(host, part.port) else "no"
+        healthy = healthy and alive and answering != "no"
+        port = str(part.port) if part.port is not None else "-"
+        print(
+            f"{part.name:<8} pid {part.pid:<8} {'alive' if alive else 'dead':<5}  "
+            f"port {port:<6} answering {answering}"
+        )
+    return 0 if healthy else 1

@@ -1,0 +1,221 @@
+"""End to end: the OpenAI SDK -> gateway -> Kafka -> real vLLM worker -> Redis -> SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from aiokafka import AIOKafkaConsumer
+from redis.asyncio import Redis
+
+from schemas.messages import InferenceJob, ReplicaHeartbeat
+from tests.e2e.conftest import Stack
+from tests.polling import eventually
+from topics import catalog
+
+pytestmark = pytest.mark.e2e
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def test_models_are_listed(client: openai.OpenAI, stack: Stack) -> None:
+    assert [m.id for m in client.models.list().data] == [stack.model]
+
+
+def test_non_streaming_completion_has_consistent_usage(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="tiny-llama",
+        messages=HELLO,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert out.usage is not None
+    assert 0 < out.usage.completion_tokens <= 12
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert out.usage.completion_tokens == 12
+
+
+def test_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
+    kwargs = {"model": "tiny-llama", "messages": HELLO, "max_tokens": 16, "temperature": 0}
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    stream = client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length") and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert all(c.usage is None for c in chunks[:-1])
+    assert text == whole.choices[0].message.content
+    assert whole.usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stream_without_include_usage_has_no_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=HELLO,
+            max_tokens=4,
+            stream=True,  # type: ignore[arg-type]
+        )
+    )
+    assert chunks and all(c.usage is None for c in chunks)
+
+
+def test_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI) -> None:
+    system = " ".join(f"rule {i}: answer politely and briefly." for i in range(40))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    usages = []
+    for _ in range(2):
+        out = client.chat.completions.create(
+            model="tiny-llama",
+            messages=messages,
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        usages.append(out.usage)
+    assert usages[0].prompt_tokens >= 256  # two whole 128-token blocks on the CPU engine
+    assert usages[1].prompt_tokens_details.cached_tokens > 0  # type: ignore[union-attr]
+    assert usages[1].prompt_tokens_details.cached_tokens <= usages[1].prompt_tokens  # type: ignore[union-attr]
+
+
+async def _running(redis_url: str) -> int:
+    redis = Redis.from_url(redis_url)
+    try:
+        raw = await redis.get(catalog.replica_key("e2e-worker-0"))
+    finally:
+        await redis.aclose()
+    return ReplicaHeartbeat.model_validate_json(raw).running if raw else -1
+
+
+async def test_cancelled_stream_frees_the_engine(stack: Stack) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0
+    )
+    stream = await client.chat.completions.create(
+        model=stack.model,
+        messages=HELLO,
+        max_tokens=1500,
+        stream=True,  # type: ignore[arg-type]
+    )
+    received = 0
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += 1
+        if received >= 3:
+            break
+    # Still generating when we walk away (the heartbeat refreshes every 0.5 s).
+    await eventually(lambda: _running(stack.redis_url), lambda n: n >= 1, within=2.0)
+    await stream.close()
+    closed_at = time.monotonic()
+    await eventually(lambda: _running(stack.redis_url), lambda n: n == 0, within=2.0)
+    assert time.monotonic() - closed_at <= 2.5
+    await client.close()
+
+
+def test_wrong_key_is_401(stack: Stack) -> None:
+    bad = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.chat.completions.create(model=stack.model, messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.code == "invalid_api_key"
+    missing = httpx.post(f"{stack.base_url}/v1/chat/completions", json={})
+    assert missing.status_code == 401
+    assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-9", messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"n": 2}, "n"), ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens")],
+)
+def test_invalid_parameters_are_400(
+    client: openai.OpenAI, extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny-llama", messages=HELLO, **extra)  # type: ignore[call-overload]
+    assert info.value.param == param
+    assert info.value.status_code == 400
+
+
+def test_prompt_longer_than_context_is_400(client: openai.OpenAI, stack: Stack) -> None:
+    huge = "word " * (stack.max_model_len * 2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=stack.model,
+            messages=[{"role": "user", "content": huge}],  # type: ignore[arg-type]
+        )
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_json_schema_output_validates(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    out = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+        max_tokens=64,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema, "strict": True},
+        },
+    )
+    content = out.choices[0].message.content
+    assert content is not None
+    jsonschema.validate(json.loads(content), schema)
+
+
+async def test_each_request_is_a_readable_message_on_its_job_topic(
+    client: openai.OpenAI, stack: Stack
+) -> None:
+    out = await asyncio.to_thread(
+        client.chat.completions.create,
+        model=stack.model,
+        messages=HELLO,
+        max_tokens=2,  # type: ignore[arg-type]
+    )
+    consumer = AIOKafkaConsumer(
+        catalog.job_topic(stack.pool, "interactive"),
+        bootstrap_servers=stack.kafka_bootstrap,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        jobs: list[InferenceJob] = []
+        async with asyncio.timeout(15):
+            while not any(j.request_id == out.id for j in jobs):
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    jobs.extend(InferenceJob.model_validate_json(r.value) for r in records)
+    finally:
+        await consumer.stop()
+    job = next(j for j in jobs if j.request_id == out.id)
+    assert job.team == "e2e" and job.model == stack.model and job.sampling.max_tokens == 2
+    assert json.loads(json.dumps(job.model_dump()))["reply_to"].startswith("llmq:reply:")
+
+
+def test_metrics_count_requests(stack: Stack) -> None:
+    text = httpx.get(f"{stack.base_url}/metrics").text
+    assert 'llmq_requests_total{model="tiny-llama",status="ok"}' in text
+    assert "llmq_time_to_first_token_seconds_bucket" in text
