@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -38,6 +40,7 @@ async def _sse(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(
+    request: Request,
     body: ChatCompletionRequest,
     team: Annotated[Team, Depends(current_team)],
     service: Annotated[ChatService, Depends(_service)],
@@ -51,5 +54,31 @@ async def create_chat_completion(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": job.request_id},
         )
-    completion: ChatCompletion = await service.complete(active)
+    completion = await _unless_disconnected(request, service.complete(active))
+    if completion is None:  # the caller left: the request was cancelled, nobody to answer
+        return JSONResponse({}, status_code=499)
     return JSONResponse(completion.model_dump(), headers={"X-Request-Id": job.request_id})
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the body is read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(
+    request: Request, work: Coroutine[Any, Any, ChatCompletion]
+) -> ChatCompletion | None:
+    """Run `work`, cancelling it (and so the job) if the client disconnects first."""
+    task = asyncio.create_task(work)
+    disconnect = asyncio.create_task(_disconnected(request))
+    try:
+        await asyncio.wait({task, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None

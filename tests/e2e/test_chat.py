@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
-from schemas.messages import InferenceJob, ReplicaHeartbeat
+from schemas.messages import InferenceJob, ReplicaHeartbeat, UsageRecord
 from tests.e2e.conftest import Stack
 from tests.polling import eventually
 from topics import catalog
@@ -101,7 +101,29 @@ async def _running(redis_url: str) -> int:
     return ReplicaHeartbeat.model_validate_json(raw).running if raw else -1
 
 
+async def _cancelled_usage_since(stack: Stack, since: float) -> list[UsageRecord]:
+    """Usage records of requests that ended by cancellation after `since`."""
+    consumer = AIOKafkaConsumer(
+        catalog.USAGE_TOPIC, bootstrap_servers=stack.kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        found: list[UsageRecord] = []
+        async with asyncio.timeout(15):
+            while not found:
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    for record in records:
+                        usage = UsageRecord.model_validate_json(record.value)
+                        if usage.finish_reason == "cancelled" and usage.finished_at > since:
+                            found.append(usage)
+        return found
+    finally:
+        await consumer.stop()
+
+
 async def test_cancelled_stream_frees_the_engine(stack: Stack) -> None:
+    t0 = time.time()
     client = openai.AsyncOpenAI(
         base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0
     )
@@ -124,6 +146,8 @@ async def test_cancelled_stream_frees_the_engine(stack: Stack) -> None:
     await eventually(lambda: _running(stack.redis_url), lambda n: n == 0, within=2.0)
     assert time.monotonic() - closed_at <= 2.5
     await client.close()
+    (usage,) = await _cancelled_usage_since(stack, t0)
+    assert 3 <= usage.completion_tokens < 1500  # billed for what ran, not for max_tokens
 
 
 def test_wrong_key_is_401(stack: Stack) -> None:
@@ -219,3 +243,18 @@ def test_metrics_count_requests(stack: Stack) -> None:
     text = httpx.get(f"{stack.base_url}/metrics").text
     assert 'llmq_requests_total{model="tiny-llama",status="ok"}' in text
     assert "llmq_time_to_first_token_seconds_bucket" in text
+
+
+async def test_abandoned_non_streaming_request_frees_the_engine(stack: Stack) -> None:
+    t0 = time.time()
+    body = {"model": stack.model, "messages": HELLO, "max_tokens": 1500}
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=headers) as http:
+        request = asyncio.create_task(http.post("/v1/chat/completions", json=body, timeout=30))
+        await eventually(lambda: _running(stack.redis_url), lambda n: n >= 1, within=5.0)
+        request.cancel()  # the caller gives up and closes its connection
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    await eventually(lambda: _running(stack.redis_url), lambda n: n == 0, within=2.0)
+    (usage,) = await _cancelled_usage_since(stack, t0)
+    assert usage.completion_tokens < 1500

@@ -1,0 +1,400 @@
+"""``llmq bench overhead``: llmq's queue path against vLLM's own OpenAI server, side by side.
+
+Both targets get the same deterministic prompts at the same concurrency levels through the same
+client code (``openai.AsyncOpenAI``, streaming, usage included). The direct target is a
+``vllm.entrypoints.openai.api_server`` this module starts on a free loopback port, on the same
+model folder, engine settings and engine environment as an llmq worker; llmq is an already
+running stack. Levels alternate which target goes first, so neither gets a warmer machine.
+
+TTFT is request start to first content chunk; ITL is the gap between content chunks (a relay
+that groups tokens into fewer chunks shows fewer, longer gaps: TPOT, the decode time per output
+token after the first, is comparable either way); tokens/s is output tokens over a level's wall
+time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import openai
+from pydantic import BaseModel, Field, PositiveInt
+
+from llmq import paths, services
+from llmq.bench.stats import mean, percentile, ratio
+from llmq.engine_env import engine_environment
+
+_DESCRIPTION = "llmq's queue path against vLLM's own OpenAI server, side by side."
+Target = Literal["direct", "llmq"]
+TARGETS: tuple[Target, ...] = ("direct", "llmq")
+
+PROMPTS: tuple[str, ...] = (
+    "What is the capital of France?",
+    "Explain in two sentences why the sky is blue.",
+    "Give me three tips for writing clean Python code.",
+    "What is the difference between a list and a tuple?",
+    "Write a haiku about autumn leaves.",
+    "How many legs does a spider have?",
+    "Summarize the plot of Romeo and Juliet briefly.",
+    "What does HTTP stand for?",
+    "Name five fruits that are red.",
+    "Why do we have seasons on Earth?",
+    "What is a prime number? Give an example.",
+    "Describe a cat to someone who has never seen one.",
+    "What is the boiling point of water at sea level?",
+    "Suggest a name for a small coffee shop.",
+    "How does a rainbow form?",
+    "Translate 'good morning' into Spanish and German.",
+)
+
+
+class OverheadSettings(BaseModel):
+    """What to send where; the defaults match the local stack (`llmq dev up`)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """llmq's OpenAI-compatible base URL."""
+    api_key: str = "sk-llmq-dev"
+    model: str = "smollm2-135m-instruct"
+    """Model name on llmq; the direct server serves it under the same name."""
+    model_path: Path | None = None
+    """Folder the direct server loads; default: ``ensure_model(model)``."""
+    concurrency: list[PositiveInt] = Field(default_factory=lambda: [1, 16], min_length=1)
+    requests: int = Field(default=32, ge=1)
+    """Measured requests per (target, concurrency level)."""
+    max_tokens: int = Field(default=64, ge=1)
+    targets: list[Target] = Field(default_factory=lambda: list(TARGETS))
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    dtype: str = "bfloat16"
+    kv_cache_gib: float = 1.0
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+
+
+class RequestSample(BaseModel):
+    """One measured request (times in seconds)."""
+
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)
+    output_tokens: int = 0
+    usage_reported: bool = False
+    e2e_s: float = 0.0
+    error: str | None = None
+
+
+class LevelResult(BaseModel):
+    """One target at one concurrency level."""
+
+    target: Target
+    concurrency: int
+    wall_s: float
+    errors: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    tpot_p50_s: float | None
+    e2e_p50_s: float | None
+    output_tokens: int
+    mean_output_tokens: float | None
+    tokens_per_s: float | None
+    samples: list[RequestSample]
+
+
+class OverheadReport(BaseModel):
+    settings: OverheadSettings
+    machine: str
+    cpu_count: int
+    direct_model_path: str | None = None
+    direct_log: str | None = None
+    direct_startup_s: float | None = None
+    levels: list[LevelResult] = Field(default_factory=list)
+
+    def level(self, target: Target, concurrency: int) -> LevelResult | None:
+        return next(
+            (r for r in self.levels if r.target == target and r.concurrency == concurrency), None
+        )
+
+
+class OverheadError(RuntimeError):
+    """A target could not be reached or started."""
+
+
+def machine_description() -> str:
+    """CPU count, architecture and CPU model name (from /proc/cpuinfo where there is one)."""
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = ", " + line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count() or 0} CPUs ({platform.machine()}{name})"
+
+
+def direct_server_argv(settings: OverheadSettings, model_path: Path, port: int) -> list[str]:
+    """vLLM's OpenAI server with the engine settings an llmq worker uses."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path), "--served-model-name", settings.model,
+        "--host", services.LOCALHOST, "--port", str(port),
+        "--dtype", settings.dtype, "--max-model-len", str(settings.max_model_len),
+        "--max-num-seqs", str(settings.max_num_seqs), "--enforce-eager",
+        "--enable-prefix-caching", "--scheduling-policy", "priority",
+        # Sampling defaults come from the request only, as on the worker.
+        "--generation-config", "vllm",
+        "--disable-log-stats", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+
+
+def start_direct_server(
+    settings: OverheadSettings, model_path: Path
+) -> tuple[services.ManagedProcess, str]:
+    """Start the direct vLLM server; return it with its base URL once /health answers 200."""
+    port = services.free_port()
+    log_path = paths.run_dir() / "bench" / f"vllm-direct-{port}.log"
+    env = {**os.environ, **engine_environment(settings.kv_cache_gib)}
+    proc = services.spawn(
+        "vllm-direct", direct_server_argv(settings, model_path, port), log_path, port=port, env=env
+    )
+    root = f"http://{services.LOCALHOST}:{port}"
+    try:
+        services.wait_ready(
+            lambda: services.http_status(f"{root}/health") == 200,
+            settings.startup_timeout_s, [proc], "vLLM /health",
+        )  # fmt: skip
+    except BaseException:
+        services.stop(proc, timeout=10)
+        raise
+    return proc, f"{root}/v1"
+
+
+async def one_request(
+    client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int
+) -> RequestSample:
+    """Send one streaming chat completion and time its content chunks."""
+    sample = RequestSample()
+    start = time.perf_counter()
+    last: float | None = None
+    chunks = 0
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage is not None:
+                sample.output_tokens = chunk.usage.completion_tokens
+                sample.usage_reported = True
+            if not chunk.choices or not chunk.choices[0].delta.content:
+                continue
+            chunks += 1
+            if last is None:
+                sample.ttft_s = now - start
+            else:
+                sample.itl_s.append(now - last)
+            last = now
+    except openai.OpenAIError as exc:
+        sample.error = f"{type(exc).__name__}: {exc}"
+    sample.e2e_s = time.perf_counter() - start
+    if not sample.usage_reported:
+        sample.output_tokens = chunks  # about one token per chunk; flagged in the sample
+    return sample
+
+
+def summarize(
+    target: Target, concurrency: int, wall_s: float, samples: list[RequestSample]
+) -> LevelResult:
+    """Percentiles over the successful requests of one level."""
+    ok = [s for s in samples if s.error is None]
+    tokens = sum(s.output_tokens for s in ok)
+    tpot = [
+        (s.e2e_s - s.ttft_s) / (s.output_tokens - 1)
+        for s in ok
+        if s.ttft_s is not None and s.output_tokens > 1
+    ]
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    itl = [gap for s in ok for gap in s.itl_s]
+    return LevelResult(
+        target=target, concurrency=concurrency, wall_s=wall_s, errors=len(samples) - len(ok),
+        ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
+        itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
+        tpot_p50_s=percentile(tpot, 50), e2e_p50_s=percentile([s.e2e_s for s in ok], 50),
+        output_tokens=tokens, mean_output_tokens=mean([float(s.output_tokens) for s in ok]),
+        tokens_per_s=tokens / wall_s if ok and wall_s > 0 else None, samples=samples,
+    )  # fmt: skip
+
+
+async def run_level(
+    client: openai.AsyncOpenAI, settings: OverheadSettings, target: Target, concurrency: int
+) -> LevelResult:
+    """settings.requests requests, at most `concurrency` in flight at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(index: int) -> RequestSample:
+        async with gate:
+            prompt = PROMPTS[index % len(PROMPTS)]
+            return await one_request(client, settings.model, prompt, settings.max_tokens)
+
+    start = time.perf_counter()
+    samples = await asyncio.gather(*(gated(i) for i in range(settings.requests)))
+    return summarize(target, concurrency, time.perf_counter() - start, list(samples))
+
+
+async def warm_up(client: openai.AsyncOpenAI, settings: OverheadSettings, target: Target) -> None:
+    """One unmeasured request; OverheadError when the target does not answer properly."""
+    sample = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
+    if sample.error is not None:
+        raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {sample.error}")
+
+
+async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[LevelResult]:
+    """Warm every target up, then each level on each target, alternating which goes first."""
+    keys: dict[Target, str] = {"llmq": settings.api_key, "direct": "EMPTY"}
+    clients = {
+        t: openai.AsyncOpenAI(
+            base_url=url, api_key=keys[t], timeout=settings.request_timeout_s, max_retries=0
+        )
+        for t, url in urls.items()
+    }
+    levels: list[LevelResult] = []
+    try:
+        for target, client in clients.items():
+            await warm_up(client, settings, target)
+        for index, concurrency in enumerate(settings.concurrency):
+            order = TARGETS if index % 2 == 0 else TARGETS[::-1]
+            for target in (t for t in order if t in clients):
+                levels.append(await run_level(clients[target], settings, target, concurrency))
+    finally:
+        for client in clients.values():
+            await client.close()
+    return levels
+
+
+def run_overhead(settings: OverheadSettings) -> OverheadReport:
+    """Run the whole benchmark (starts and stops the direct vLLM server) and return the numbers.
+
+    llmq is checked first (a warm-up request), so a stack that is not running fails fast,
+    before an engine is started.
+    """
+    report = OverheadReport(
+        settings=settings, machine=machine_description(), cpu_count=os.cpu_count() or 0
+    )
+    urls: dict[Target, str] = {}
+    if "llmq" in settings.targets:
+        urls["llmq"] = settings.base_url
+        asyncio.run(_measure(settings.model_copy(update={"concurrency": []}), dict(urls)))
+    server: services.ManagedProcess | None = None
+    try:
+        if "direct" in settings.targets:
+            from llmq.modelbuild import ensure_model
+
+            model_path = settings.model_path or ensure_model(settings.model)
+            report.direct_model_path = str(model_path)
+            started = time.perf_counter()
+            server, urls["direct"] = start_direct_server(settings, model_path)
+            report.direct_startup_s = time.perf_counter() - started
+            report.direct_log = str(server.log_path)
+        report.levels = asyncio.run(_measure(settings, urls))
+    finally:
+        if server is not None:
+            services.stop(server, timeout=30)
+    return report
+
+
+_ROWS: tuple[tuple[str, str, float], ...] = (
+    ("TTFT p50 (ms)", "ttft_p50_s", 1000.0),
+    ("TTFT p99 (ms)", "ttft_p99_s", 1000.0),
+    ("ITL p50 (ms)", "itl_p50_s", 1000.0),
+    ("ITL p99 (ms)", "itl_p99_s", 1000.0),
+    ("TPOT p50 (ms)", "tpot_p50_s", 1000.0),
+    ("E2E p50 (ms)", "e2e_p50_s", 1000.0),
+    ("output tok/s", "tokens_per_s", 1.0),
+    ("mean out tokens", "mean_output_tokens", 1.0),
+    ("errors", "errors", 1.0),
+)
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _value(result: LevelResult | None, field: str, scale: float) -> float | None:
+    raw = getattr(result, field) if result is not None else None
+    return None if raw is None else float(raw) * scale
+
+
+def format_report(report: OverheadReport) -> str:
+    """A plain table: one row per (concurrency, metric); columns direct, llmq, llmq/direct."""
+    s = report.settings
+    lines = [
+        f"llmq bench overhead: model {s.model}, max_tokens {s.max_tokens}, "
+        f"{s.requests} requests per level, machine {report.machine}",
+        f"{'conc':>4}  {'metric':<16}{'direct':>10}{'llmq':>10}{'llmq/direct':>13}",
+    ]
+    for concurrency in dict.fromkeys(s.concurrency):
+        direct, llmq = report.level("direct", concurrency), report.level("llmq", concurrency)
+        for label, field, scale in _ROWS:
+            a, b = _value(direct, field, scale), _value(llmq, field, scale)
+            if field == "errors" and not a and not b:
+                continue
+            lines.append(
+                f"{concurrency:>4}  {label:<16}{_cell(a):>10}{_cell(b):>10}"
+                f"{_cell(ratio(b, a), 2):>13}"
+            )
+    if report.direct_startup_s is not None:
+        lines.append(f"(direct vLLM server started in {report.direct_startup_s:.1f} s)")
+    return "\n".join(lines)
+
+
+def write_json(report: OverheadReport, path: Path) -> None:
+    """The whole report, raw per-request samples included."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report.model_dump_json(indent=2) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m llmq.bench.overhead`` (the same knobs as ``llmq bench overhead``)."""
+    d = OverheadSettings()
+    p = argparse.ArgumentParser(prog="llmq bench overhead", description=_DESCRIPTION)
+    p.add_argument("--base-url", default=d.base_url)
+    p.add_argument("--api-key", default=d.api_key)
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--model-path", type=Path, default=None)
+    p.add_argument("--concurrency", type=int, nargs="+", default=d.concurrency)
+    p.add_argument("--requests", type=int, default=d.requests)
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--targets", nargs="+", choices=TARGETS, default=d.targets)
+    p.add_argument("--json", type=Path, default=None, help="also write the raw numbers here")
+    args = p.parse_args(argv)
+    settings = OverheadSettings(
+        base_url=args.base_url, api_key=args.api_key, model=args.model,
+        model_path=args.model_path, concurrency=args.concurrency, requests=args.requests,
+        max_tokens=args.max_tokens, targets=args.targets,
+    )  # fmt: skip
+    try:
+        report = run_overhead(settings)
+    except (OverheadError, services.ServiceStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    if args.json is not None:
+        write_json(report, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
