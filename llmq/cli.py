@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -101,6 +102,50 @@ def model_build(name: str) -> None:
 
     configure_logging(json=False)
     typer.echo(str(ensure_model(name)))
+
+
+@bench_app.command("overhead")
+def bench_overhead(
+    base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    api_key: Annotated[str, typer.Option(help="llmq API key.")] = "sk-llmq-dev",
+    model: Annotated[str, typer.Option(help="Model name on both targets.")] = (
+        "smollm2-135m-instruct"
+    ),
+    concurrency: Annotated[list[int], typer.Option(help="Concurrency levels.")] = [1, 16],  # noqa: B006
+    requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
+    from llmq.bench.overhead import (
+        OverheadError,
+        OverheadSettings,
+        format_report,
+        run_overhead,
+        write_json,
+    )
+    from llmq.logging import configure_logging
+    from llmq.services import ServiceStartError
+
+    configure_logging(json=False, level="WARNING")
+    settings = OverheadSettings(
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        concurrency=concurrency,
+        requests=requests,
+        max_tokens=max_tokens,
+    )
+    try:
+        report = run_overhead(settings)
+    except (OverheadError, ServiceStartError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(format_report(report))
+    if json_path is not None:
+        write_json(report, json_path)
 
 
 if __name__ == "__main__":

@@ -233,15 +233,18 @@ def ensure_model(name: str, root: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_built(final):  # another process built it while we waited
             return final
+        for stale in root.glob(f".{name}.tmp-*"):  # left by a build that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".{name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         started = time.monotonic()
         log.info("model_build_started", name=name, dest=str(final))
         try:
             BUILDERS[name](tmp)
             (tmp / _DONE_MARKER).write_text(f"{name}\n")
-            if final.exists():  # a stale, unfinished folder from an older layout
-                shutil.rmtree(final)
+            if final.exists():  # an unfinished folder without the marker: move it aside
+                aside = root / f".{name}.tmp-old-{os.getpid()}"
+                os.replace(final, aside)
+                shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

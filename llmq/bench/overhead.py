@@ -14,13 +14,11 @@ time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -31,28 +29,20 @@ from llmq import paths, services
 from llmq.bench.stats import mean, percentile, ratio
 from llmq.engine_env import engine_environment
 
-_DESCRIPTION = "llmq's queue path against vLLM's own OpenAI server, side by side."
 Target = Literal["direct", "llmq"]
 TARGETS: tuple[Target, ...] = ("direct", "llmq")
 
 PROMPTS: tuple[str, ...] = (
-    "What is the capital of France?",
-    "Explain in two sentences why the sky is blue.",
+    "What is the capital of France?", "Explain in two sentences why the sky is blue.",
     "Give me three tips for writing clean Python code.",
-    "What is the difference between a list and a tuple?",
-    "Write a haiku about autumn leaves.",
-    "How many legs does a spider have?",
-    "Summarize the plot of Romeo and Juliet briefly.",
-    "What does HTTP stand for?",
-    "Name five fruits that are red.",
-    "Why do we have seasons on Earth?",
-    "What is a prime number? Give an example.",
+    "What is the difference between a list and a tuple?", "Write a haiku about autumn leaves.",
+    "How many legs does a spider have?", "Summarize the plot of Romeo and Juliet briefly.",
+    "What does HTTP stand for?", "Name five fruits that are red.",
+    "Why do we have seasons on Earth?", "What is a prime number? Give an example.",
     "Describe a cat to someone who has never seen one.",
-    "What is the boiling point of water at sea level?",
-    "Suggest a name for a small coffee shop.",
-    "How does a rainbow form?",
-    "Translate 'good morning' into Spanish and German.",
-)
+    "What is the boiling point of water at sea level?", "Suggest a name for a small coffee shop.",
+    "How does a rainbow form?", "Translate 'good morning' into Spanish and German.",
+)  # fmt: skip
 
 
 class OverheadSettings(BaseModel):
@@ -60,7 +50,8 @@ class OverheadSettings(BaseModel):
 
     base_url: str = "http://127.0.0.1:8000/v1"
     """llmq's OpenAI-compatible base URL."""
-    api_key: str = "sk-llmq-dev"
+    api_key: str = Field(default="sk-llmq-dev", exclude=True)
+    """llmq's API key (left out of the JSON report)."""
     model: str = "smollm2-135m-instruct"
     """Model name on llmq; the direct server serves it under the same name."""
     model_path: Path | None = None
@@ -254,13 +245,6 @@ async def run_level(
     return summarize(target, concurrency, time.perf_counter() - start, list(samples))
 
 
-async def warm_up(client: openai.AsyncOpenAI, settings: OverheadSettings, target: Target) -> None:
-    """One unmeasured request; OverheadError when the target does not answer properly."""
-    sample = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
-    if sample.error is not None:
-        raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {sample.error}")
-
-
 async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[LevelResult]:
     """Warm every target up, then each level on each target, alternating which goes first."""
     keys: dict[Target, str] = {"llmq": settings.api_key, "direct": "EMPTY"}
@@ -272,8 +256,10 @@ async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[
     }
     levels: list[LevelResult] = []
     try:
-        for target, client in clients.items():
-            await warm_up(client, settings, target)
+        for target, client in clients.items():  # one unmeasured request each
+            warm = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
+            if warm.error is not None:
+                raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {warm.error}")
         for index, concurrency in enumerate(settings.concurrency):
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):
@@ -364,37 +350,3 @@ def write_json(report: OverheadReport, path: Path) -> None:
     """The whole report, raw per-request samples included."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report.model_dump_json(indent=2) + "\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m llmq.bench.overhead`` (the same knobs as ``llmq bench overhead``)."""
-    d = OverheadSettings()
-    p = argparse.ArgumentParser(prog="llmq bench overhead", description=_DESCRIPTION)
-    p.add_argument("--base-url", default=d.base_url)
-    p.add_argument("--api-key", default=d.api_key)
-    p.add_argument("--model", default=d.model)
-    p.add_argument("--model-path", type=Path, default=None)
-    p.add_argument("--concurrency", type=int, nargs="+", default=d.concurrency)
-    p.add_argument("--requests", type=int, default=d.requests)
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--targets", nargs="+", choices=TARGETS, default=d.targets)
-    p.add_argument("--json", type=Path, default=None, help="also write the raw numbers here")
-    args = p.parse_args(argv)
-    settings = OverheadSettings(
-        base_url=args.base_url, api_key=args.api_key, model=args.model,
-        model_path=args.model_path, concurrency=args.concurrency, requests=args.requests,
-        max_tokens=args.max_tokens, targets=args.targets,
-    )  # fmt: skip
-    try:
-        report = run_overhead(settings)
-    except (OverheadError, services.ServiceStartError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    if args.json is not None:
-        write_json(report, args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
