@@ -9,7 +9,9 @@ requests it has in flight and never reports more running or waiting requests tha
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -102,7 +104,7 @@ class VllmEngine:
         self.enforce_eager = enforce_eager
         self._llm: Any = None
         self._load = _Load()
-        self._in_flight: set[str] = set()
+        self._in_flight: Counter[str] = Counter()
 
     async def start(self) -> None:
         """Start the engine process and load the model (off the event loop)."""
@@ -130,6 +132,10 @@ class VllmEngine:
         started = time.monotonic()
         factory = _stat_logger_factory(self._load)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+        # Built off the loop, the engine's output task would start only with the first
+        # request; start it now (as vLLM does when built on a loop) so failures surface early.
+        if hasattr(self._llm, "_run_output_handler"):
+            self._llm._run_output_handler()
         log.info(
             "engine_started",
             model=self.served_name,
@@ -170,7 +176,7 @@ class VllmEngine:
             raise EngineRequestError(str(exc)) from exc
         prompt = TokensPrompt(prompt_token_ids=list(job.prompt_token_ids))
         request_id = job.request_id
-        self._in_flight.add(request_id)
+        self._in_flight[request_id] += 1
         finished = False
         stream: AsyncGenerator[Any, None] = self._llm.generate(
             prompt, params, request_id, priority=TIER_PRIORITY.get(job.tier, 0)
@@ -194,10 +200,12 @@ class VllmEngine:
         except VLLMClientError as exc:
             raise EngineRequestError(str(exc)) from exc
         finally:
-            self._in_flight.discard(request_id)
+            self._in_flight[request_id] -= 1
+            if self._in_flight[request_id] <= 0:
+                del self._in_flight[request_id]
             await stream.aclose()  # vLLM aborts the request if it is still running
-            if not finished:
-                await self._abort_quietly(request_id)
+            if not finished and request_id not in self._in_flight:
+                await self._abort_quietly(request_id)  # by id, in case it never started
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
@@ -212,7 +220,7 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         """Scheduler load, bounded by the requests this adapter has in flight."""
-        in_flight = len(self._in_flight)
+        in_flight = self._in_flight.total()
         if in_flight == 0:
             return EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
         running = min(self._load.running, in_flight)
@@ -230,5 +238,7 @@ class VllmEngine:
         if handler is not None:  # else it logs EngineDeadError while the core stops
             handler.cancel()
         await asyncio.to_thread(llm.shutdown)
+        del llm
+        gc.collect()  # else AsyncLLM.__del__ may run at interpreter exit and log a TypeError
         self._in_flight.clear()
         log.info("engine_stopped", model=self.served_name)
