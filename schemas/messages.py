@@ -51,8 +51,12 @@ class InferenceJob(Message):
     pool: str
     adapter: str | None = None
     tier: Tier = "interactive"
+    team_weight: float = 1.0
+    """The team's share in weighted fair ordering between teams of one priority class."""
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSettings
+    reserved_tokens: int = 0
+    """Tokens reserved from the team's quota at admission (reconciled from usage)."""
     stream: bool = True
     created_at: float
     deadline: float
@@ -118,6 +122,8 @@ class UsageRecord(Message):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    reserved_tokens: int = 0
+    """What admission reserved for this request; the quota refunds the difference."""
     finish_reason: str
     finished_at: float
 
@@ -138,4 +144,10 @@ class ReplicaHeartbeat(Message):
     kv_cache_usage: float = 0.0
     running: int = 0
     waiting: int = 0
+    in_flight: int = 0
+    """Jobs this worker holds (running in the engine or about to start)."""
+    outstanding_tokens: int = 0
+    """Prompt tokens still to prefill plus output tokens still to decode, over held jobs."""
+    prefill_tokens_per_s: float = 0.0
+    """Measured prefill rate (moving average); 0 until the first job finished prefill."""
     sent_at: float

@@ -18,6 +18,7 @@ from schemas.messages import (
     TokenEvent,
     UsageRecord,
 )
+from topics.catalog import PriorityClass
 
 ReplyEventT = TokenEvent | FinishEvent | ErrorEvent
 
@@ -84,6 +85,16 @@ class JobLedger(Protocol):
     async def is_finished(self, request_id: str) -> bool: ...
 
     async def mark_finished(self, request_id: str) -> None: ...
+
+
+class QueueBacklog(Protocol):
+    """Prompt tokens queued per pool and priority class, for TTFT-based admission."""
+
+    async def add(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
+
+    async def remove(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
+
+    async def queued(self, pool: str, tier: PriorityClass) -> int: ...
 
 
 class ReplicaDirectory(Protocol):

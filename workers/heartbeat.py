@@ -11,6 +11,7 @@ import structlog
 from schemas.messages import ReplicaHeartbeat, ReplicaState
 from topics.redis_relay import RedisReplicaDirectory
 from workers.engine.port import EngineClient
+from workers.load import LoadTracker
 
 log = structlog.get_logger()
 
@@ -33,6 +34,7 @@ class Heartbeat:
         self.state: ReplicaState = "loading"
         self.engine: EngineClient | None = None
         self.partitions: Callable[[], list[str]] = list
+        self.load: LoadTracker | None = None
 
     def current(self) -> ReplicaHeartbeat:
         stats = self.engine.stats() if self.engine is not None and self.state != "loading" else None
@@ -45,6 +47,9 @@ class Heartbeat:
             kv_cache_usage=stats.kv_cache_usage if stats else 0.0,
             running=stats.running if stats else 0,
             waiting=stats.waiting if stats else 0,
+            in_flight=self.load.in_flight if self.load else 0,
+            outstanding_tokens=self.load.outstanding_tokens() if self.load else 0,
+            prefill_tokens_per_s=self.load.prefill_tokens_per_s() if self.load else 0.0,
             sent_at=time.time(),
         )
 

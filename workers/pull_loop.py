@@ -1,11 +1,18 @@
 """The worker's pull loop: fetch only what the engine can start, commit only what is done.
 
-- Headroom first: the loop asks the broker for at most as many jobs as the engine has free
-  sequence slots, and pauses every partition while it has none (nothing is prefetched that
-  cannot start). Interactive records are started before batch records of the same fetch.
-- Commit discipline: see `workers.offsets`.
-- Drain: `stop()` stops fetching; in-flight jobs finish (up to a grace period), offsets are
-  committed and the consumer leaves its group.
+Each turn of the loop:
+1. starts buffered jobs in weighted fair order between teams, interactive before batch, while
+   the headroom policy allows; an interactive job that cannot start while batch jobs run
+   preempts the batch job with the least work done (it is re-queued to its topic, so its
+   caller never sees the restart);
+2. fetches at most what the headroom budget allows per class, pausing the partitions of a
+   class that may not fetch (batch pauses while interactive work waits in this worker's
+   partitions or the KV cache is above the batch watermark);
+3. commits, per partition, up to the lowest job that has not reached a terminal event
+   (`workers.offsets`): a crash re-delivers exactly the unfinished and unstarted jobs.
+
+`stop()` drains: no more fetching or starting, running jobs finish (up to a grace period),
+offsets are committed; jobs still buffered stay uncommitted for the partition's next owner.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -21,15 +29,31 @@ from pydantic import ValidationError
 
 from schemas.messages import InferenceJob
 from topics import catalog
+from topics.ports import JobQueue
 from workers.engine.port import EngineClient
+from workers.fair_queue import FairQueue
+from workers.headroom import EngineLoad, HeadroomPolicy
+from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
 from workers.runner import JobRunner
 
 log = structlog.get_logger()
 
+PRIORITY = {"interactive": 0, "batch": 10}
+IDLE_WAIT_S = 0.05
+"""How long a turn waits for a slot to free when nothing can be fetched or started."""
 
-class RedisCancelListener(Protocol):
+
+class CancelListener(Protocol):
     def listen(self) -> AsyncIterator[str]: ...
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    tp: TopicPartition
+    offset: int
+    job: InferenceJob
+    tokens: int
 
 
 class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -38,13 +62,11 @@ class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         await self._loop.commit()
-        for tp in revoked:
-            self._loop.offsets.forget(tp)
+        self._loop.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.info(
-            "partitions_assigned", partitions=[f"{tp.topic}:{tp.partition}" for tp in assigned]
-        )
+        names = [f"{tp.topic}:{tp.partition}" for tp in assigned]
+        log.info("partitions_assigned", partitions=names)
 
 
 class PullLoop:
@@ -55,73 +77,164 @@ class PullLoop:
         runner: JobRunner,
         pool: str,
         *,
-        max_in_flight: int,
+        requeue: JobQueue,
+        load: LoadTracker,
+        policy: HeadroomPolicy | None = None,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
         self._runner = runner
         self._pool = pool
-        self._max_in_flight = max_in_flight
+        self._requeue = requeue
+        self._load = load
+        self._policy = policy or HeadroomPolicy()
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._buffer: FairQueue[_Fetched] = FairQueue()
+        self._next: _Fetched | None = None  # popped in fair order, waiting for room
+        self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
         self._cancelled_by_client: set[str] = set()
-        self._slot_freed = asyncio.Event()
+        self._preempted: set[str] = set()
+        self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._interactive_topic = catalog.job_topic(pool, "interactive")
+        self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
+
+    # -- what the heartbeat and tests read -------------------------------------------------
 
     @property
     def in_flight(self) -> int:
         return len(self._running)
 
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer) + (self._next is not None)
+
     def assigned(self) -> list[str]:
         return sorted(f"{tp.topic}:{tp.partition}" for tp in self._consumer.assignment())
 
+    # -- control ----------------------------------------------------------------------------
+
     def stop(self) -> None:
         self._stopping.set()
-        self._slot_freed.set()
+        self._wake.set()
 
     async def cancel(self, request_id: str) -> bool:
-        """Abort a running job (its KV blocks are freed); False if it is not running here."""
-        task = self._running.get(request_id)
-        if task is None:
+        """Abort a running job at its client's request; False if it is not running here."""
+        entry = self._running.get(request_id)
+        if entry is None:
             return False
         self._cancelled_by_client.add(request_id)
         self._runner.cancelled_by_client(request_id)
-        task.cancel()
+        entry[0].cancel()
         await self._engine.abort(request_id)
         log.info("job_cancelled", request_id=request_id)
         return True
 
+    def forget(self, partitions: set[TopicPartition]) -> None:
+        """Partitions revoked: drop their buffered jobs (the next owner fetches them)."""
+        dropped = self._buffer.remove(lambda f: f.tp in partitions)
+        if self._next is not None and self._next.tp in partitions:
+            self._next = None
+        for tp in partitions:
+            self.offsets.forget(tp)
+        if dropped:
+            log.info("buffered_jobs_released", jobs=len(dropped))
+
+    # -- the loop ---------------------------------------------------------------------------
+
     async def run(self, drain_grace_s: float) -> None:
-        topics = [catalog.job_topic(self._pool, cls) for cls in catalog.PRIORITY_CLASSES]
-        self._consumer.subscribe(topics, listener=_CommitOnRevoke(self))
+        self._consumer.subscribe(list(self._topics.values()), listener=_CommitOnRevoke(self))
         while not self._stopping.is_set():
-            free = self._max_in_flight - self.in_flight
-            if free <= 0:
-                self._pause_all()
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            self._resume_all()
-            batches = await self._consumer.getmany(timeout_ms=100, max_records=free)
-            records = [(tp, rec) for tp, recs in batches.items() for rec in recs]
-            records.sort(key=lambda item: item[0].topic != self._interactive_topic)
-            for tp, record in records:
-                self._start(tp, record.offset, record.value)
+            await self._start_what_fits()
+            fetched = await self._fetch()
+            if not fetched:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_WAIT_S):
+                        await self._wake.wait()
             await self.commit()
         await self._drain(drain_grace_s)
 
-    def _pause_all(self) -> None:
+    def _engine_load(self, interactive_lag: int = 0) -> EngineLoad:
+        running = self._load.running_jobs()
+        reserved = sum(
+            self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
+            for _, f in self._running.values()
+            if f.job.request_id in self._load.not_started()
+        )
+        return EngineLoad.from_stats(
+            self._engine.stats(),
+            in_flight=len(self._running),
+            max_num_seqs=self._engine.max_num_seqs,
+            kv_capacity_tokens=self._engine.kv_capacity_tokens,
+            reserved_tokens=reserved,
+            interactive_backlog=self._buffer.count(PRIORITY["interactive"]) + interactive_lag,
+            batch_in_flight=sum(1 for job in running if job.tier == "batch"),
+        )
+
+    async def _start_what_fits(self) -> None:
+        while True:
+            if self._next is None:
+                self._next = self._buffer.pop()
+            item = self._next
+            if item is None:
+                return
+            load = self._engine_load()
+            tier = item.job.tier
+            if self._policy.can_start(load, item.tokens, tier):
+                self._next = None
+                self._start(item)
+                continue
+            if tier == "interactive" and self._policy.preemption_needed(load, tier, item.tokens):
+                victim = self._policy.choose_victim(self._load.running_jobs())
+                if victim is not None and await self._preempt(victim.request_id):
+                    continue
+            return
+
+    async def _fetch(self) -> int:
+        lag = await self._interactive_lag()
+        budget = self._policy.fetch_budget(self._engine_load(lag))
+        want = {
+            "interactive": budget.interactive - self._buffer.count(PRIORITY["interactive"]),
+            "batch": budget.batch - self._buffer.count(PRIORITY["batch"]),
+        }
+        if self._next is not None:
+            want[self._next.job.tier] -= 1
         assignment = self._consumer.assignment()
-        if assignment:
-            self._consumer.pause(*assignment)
+        for cls, topic in self._topics.items():
+            partitions = [tp for tp in assignment if tp.topic == topic]
+            if not partitions:
+                continue
+            if want[cls] > 0:
+                self._consumer.resume(*partitions)
+            else:
+                self._consumer.pause(*partitions)
+        most = max(want.values())
+        if most <= 0 or not assignment:
+            if not assignment:
+                await asyncio.sleep(IDLE_WAIT_S)  # still joining the group
+            return 0
+        batches = await self._consumer.getmany(timeout_ms=IDLE_WAIT_S * 1000, max_records=most)
+        count = 0
+        for tp, records in batches.items():
+            for record in records:
+                self._accept(tp, record.offset, record.value)
+                count += 1
+        return count
 
-    def _resume_all(self) -> None:
-        paused = self._consumer.paused()
-        if paused:
-            self._consumer.resume(*paused)
+    async def _interactive_lag(self) -> int:
+        """Interactive jobs waiting in this worker's partitions (as of their last fetch)."""
+        lag = 0
+        for tp in self._consumer.assignment():
+            if tp.topic != self._topics["interactive"]:
+                continue
+            highwater = self._consumer.highwater(tp)
+            if highwater is None:
+                continue
+            with contextlib.suppress(Exception):
+                lag += max(highwater - await self._consumer.position(tp), 0)
+        return lag
 
-    def _start(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _accept(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         self.offsets.started(tp, offset)
         try:
             job = InferenceJob.model_validate_json(value or b"")
@@ -131,31 +244,68 @@ class PullLoop:
             )
             self.offsets.finished(tp, offset)
             return
-        if job.request_id in self._running:  # the same job twice in one fetch: run it once
-            self.offsets.finished(tp, offset)
-            return
-        task = asyncio.create_task(self._run_job(tp, offset, job), name=job.request_id)
-        self._running[job.request_id] = task
+        tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)
+        self._buffer.push(
+            _Fetched(tp, offset, job, tokens),
+            team=job.team,
+            weight=job.team_weight,
+            cost=tokens,
+            priority=PRIORITY[job.tier],
+        )
 
-    async def _run_job(self, tp: TopicPartition, offset: int, job: InferenceJob) -> None:
-        structlog.contextvars.bind_contextvars(partition=tp.partition, offset=offset)
+    def _start(self, item: _Fetched) -> None:
+        rid = item.job.request_id
+        if rid in self._running:  # the same job twice (a re-queue raced a redelivery)
+            self.offsets.finished(item.tp, item.offset)
+            return
+        task = asyncio.create_task(self._run_job(item), name=rid)
+        self._running[rid] = (task, item)
+
+    async def _run_job(self, item: _Fetched) -> None:
+        job = item.job
+        structlog.contextvars.bind_contextvars(partition=item.tp.partition, offset=item.offset)
         terminal = False
         try:
             await self._runner.run(job)
             terminal = True
         except asyncio.CancelledError:
-            # Cancelled by its client: that is its end. Cancelled by a drain past its grace
-            # or a shutdown: it never finished, so its offset stays uncommitted and the job
-            # is re-delivered to whichever worker owns the partition next.
-            terminal = job.request_id in self._cancelled_by_client
+            # Cancelled by its client: that is its end. Preempted: re-queued, so this offset
+            # is done. Cancelled by a drain past its grace or a crash: it never finished, so
+            # its offset stays uncommitted and the partition's next owner runs it again.
+            if job.request_id in self._preempted:
+                terminal = await self._requeue_job(job)
+            else:
+                terminal = job.request_id in self._cancelled_by_client
             if not terminal:
                 raise
         finally:
             self._cancelled_by_client.discard(job.request_id)
+            self._preempted.discard(job.request_id)
             self._running.pop(job.request_id, None)
             if terminal:
-                self.offsets.finished(tp, offset)
-            self._slot_freed.set()
+                self.offsets.finished(item.tp, item.offset)
+            self._wake.set()
+
+    async def _preempt(self, request_id: str) -> bool:
+        entry = self._running.get(request_id)
+        if entry is None:
+            return False
+        task, _ = entry
+        self._preempted.add(request_id)
+        task.cancel()
+        await self._engine.abort(request_id)
+        await asyncio.wait([task])
+        log.info("job_preempted", request_id=request_id)
+        return True
+
+    async def _requeue_job(self, job: InferenceJob) -> bool:
+        try:
+            receipt = await self._requeue.submit(job)
+        except Exception as exc:  # keep the offset: a restart re-delivers the job
+            log.warning("job_requeue_failed", request_id=job.request_id, error=type(exc).__name__)
+            return False
+        log.info("job_requeued", request_id=job.request_id, offset=receipt.offset)
+        return True
 
     async def commit(self) -> None:
         offsets = self.offsets.to_commit()
@@ -167,23 +317,23 @@ class PullLoop:
             return
         try:
             await self._consumer.commit(owned)
-        except Exception as exc:  # a rebalance in progress: the next loop commits again
+        except Exception as exc:  # a rebalance in progress: the next turn commits again
             log.warning("commit_failed", error=type(exc).__name__)
             return
         self.offsets.committed(owned)
 
     async def abandon(self) -> None:
         """Stop every running job without committing it (crash semantics: re-delivered)."""
-        tasks = list(self._running.values())
+        tasks = [task for task, _ in self._running.values()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
 
     async def _drain(self, grace_s: float) -> None:
-        self._pause_all()
-        tasks = list(self._running.values())
-        log.info("drain_started", in_flight=len(tasks))
+        self._consumer.pause(*self._consumer.assignment())
+        tasks = [task for task, _ in self._running.values()]
+        log.info("drain_started", in_flight=len(tasks), buffered=self.buffered)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
             if pending:
@@ -193,7 +343,7 @@ class PullLoop:
         log.info("drain_finished")
 
 
-async def listen_for_cancels(cancels: RedisCancelListener, loop: PullLoop) -> None:
+async def listen_for_cancels(cancels: CancelListener, loop: PullLoop) -> None:
     """Abort running jobs as their gateways cancel them."""
     async for request_id in cancels.listen():
         with contextlib.suppress(Exception):

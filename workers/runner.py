@@ -20,8 +20,9 @@ from schemas.messages import (
     UsageCounts,
     UsageRecord,
 )
-from topics.ports import CancelBus, EventPublisher, JobLedger, UsageSink
+from topics.ports import CancelBus, EventPublisher, JobLedger, QueueBacklog, UsageSink
 from workers.engine.port import EngineClient
+from workers.load import LoadTracker
 
 log = structlog.get_logger()
 
@@ -40,6 +41,8 @@ class JobRunner:
         usage: UsageSink,
         cancels: CancelBus,
         ledger: JobLedger,
+        backlog: QueueBacklog,
+        load: LoadTracker,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
@@ -47,15 +50,19 @@ class JobRunner:
         self._cancels = cancels
         self._ledger = ledger
         self._client_cancelled: set[str] = set()
+        self._backlog = backlog
+        self._load = load
 
     async def run(self, job: InferenceJob) -> JobOutcome:
         """Run `job` to a terminal event; cancelling the calling task aborts it in the engine."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
+        # The job leaves the queue now (admission counts queued prompt tokens per pool).
+        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids))
         if await self._ledger.is_finished(job.request_id):
             bound.info("job_skipped_finished")
             return JobOutcome("duplicate", UsageCounts())
         if await self._cancels.is_cancelled(job.request_id):
-            bound.info("job_skipped_cancelled")
+            await self._finished(job, "cancelled", UsageCounts(), time.time())
             return JobOutcome("cancelled", UsageCounts())
         if time.time() > job.deadline:
             await self._publisher.publish(
@@ -66,14 +73,18 @@ class JobRunner:
                     message="The request expired in the queue before a worker could start it.",
                 ),
             )
-            await self._ledger.mark_finished(job.request_id)
             bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
+            await self._finished(job, "deadline_exceeded", UsageCounts(), time.time())
             return JobOutcome("deadline_exceeded", UsageCounts())
 
         started = time.time()
         usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))
         outcome = "stop"
+        # Batch output is published whole at the end: a batch job may be preempted and run
+        # again, and its caller must never see the restart.
+        buffered: list[str] | None = [] if job.tier == "batch" else None
         seq = 0
+        self._load.started(job)
         try:
             async for step in self._engine.generate(job):
                 usage = UsageCounts(
@@ -81,17 +92,30 @@ class JobRunner:
                     cached_tokens=step.cached_tokens,
                     completion_tokens=usage.completion_tokens + step.num_new_tokens,
                 )
-                if step.text or step.num_new_tokens:
-                    event = TokenEvent(
-                        request_id=job.request_id,
-                        seq=seq,
-                        text=step.text,
-                        num_tokens=step.num_new_tokens,
-                    )
-                    await self._publisher.publish(job.reply_to, event)
-                    seq += 1
+                self._load.produced(job.request_id, step.num_new_tokens, step.cached_tokens)
                 if step.finished and step.finish_reason == "length":
                     outcome = "length"
+                if not (step.text or step.num_new_tokens):
+                    continue
+                if buffered is not None:
+                    buffered.append(step.text)
+                    continue
+                event = TokenEvent(
+                    request_id=job.request_id,
+                    seq=seq,
+                    text=step.text,
+                    num_tokens=step.num_new_tokens,
+                )
+                await self._publisher.publish(job.reply_to, event)
+                seq += 1
+            if buffered is not None:
+                whole = TokenEvent(
+                    request_id=job.request_id,
+                    seq=0,
+                    text="".join(buffered),
+                    num_tokens=usage.completion_tokens,
+                )
+                await self._publisher.publish(job.reply_to, whole)
             await self._publisher.publish(
                 job.reply_to,
                 FinishEvent(request_id=job.request_id, finish_reason=outcome, usage=usage),
@@ -115,6 +139,8 @@ class JobRunner:
                     usage=usage,
                 ),
             )
+        finally:
+            self._load.finished(job.request_id)
         await self._finished(job, outcome, usage, started)
         return JobOutcome(outcome, usage)
 
@@ -136,6 +162,7 @@ class JobRunner:
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,
+                reserved_tokens=job.reserved_tokens,
                 finish_reason=outcome,
                 finished_at=time.time(),
             )

@@ -33,6 +33,8 @@ class WorkerSettings(BaseSettings):
     """KV cache size on the CPU engine (VLLM_CPU_KVCACHE_SPACE); GPUs size it themselves."""
     dtype: str = "bfloat16"
     """Weights and activations precision."""
+    batch_kv_watermark: float = 0.70
+    """Batch jobs start only while the KV cache is used below this fraction."""
     heartbeat_interval_s: float = 0.5
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0

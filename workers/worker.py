@@ -8,7 +8,8 @@ import contextlib
 import structlog
 from redis.asyncio import Redis
 
-from topics.kafka import KafkaProducer, KafkaUsageSink, job_consumer
+from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaUsageSink, job_consumer
+from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import (
     RedisCancelBus,
     RedisEventPublisher,
@@ -16,7 +17,9 @@ from topics.redis_relay import (
     RedisReplicaDirectory,
 )
 from workers.engine.port import EngineClient
+from workers.headroom import HeadroomPolicy
 from workers.heartbeat import Heartbeat
+from workers.load import LoadTracker
 from workers.pull_loop import PullLoop, listen_for_cancels
 from workers.runner import JobRunner
 from workers.settings import WorkerSettings
@@ -66,18 +69,28 @@ class Worker:
             heartbeat.engine = self.engine
             await consumer.start()
             cancels = RedisCancelBus(redis)
+            load = LoadTracker()
             runner = JobRunner(
                 self.engine,
                 RedisEventPublisher(redis),
                 KafkaUsageSink(producer),
                 cancels,
                 RedisJobLedger(redis),
+                RedisBacklog(redis),
+                load,
             )
             loop = PullLoop(
-                consumer, self.engine, runner, settings.pool, max_in_flight=self.engine.max_num_seqs
+                consumer,
+                self.engine,
+                runner,
+                settings.pool,
+                requeue=KafkaJobQueue(producer),
+                load=load,
+                policy=HeadroomPolicy(batch_kv_watermark=settings.batch_kv_watermark),
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned
+            heartbeat.load = load
             background.append(asyncio.create_task(listen_for_cancels(cancels, loop)))
             if self._drain_requested:
                 loop.stop()

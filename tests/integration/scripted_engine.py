@@ -17,27 +17,40 @@ from workers.engine.port import EngineStats, EngineStep
 class ScriptedEngine:
     """Answers each job with "<request_id>:<i>" tokens; jobs named in `hold` never finish."""
 
-    def __init__(self, tokens: int = 3, hold: set[str] | None = None, max_num_seqs: int = 4):
+    def __init__(
+        self,
+        tokens: int = 3,
+        hold: set[str] | None = None,
+        max_num_seqs: int = 4,
+        step_s: float = 0.0,
+    ) -> None:
         self.tokens = tokens
+        self.step_s = step_s
+        self.order: list[str] = []
         self.hold = hold or set()
         self.max_num_seqs = max_num_seqs
         self.max_model_len = 4096
+        self.kv_capacity_tokens = 0
         self.calls: Counter[str] = Counter()
         self.running: set[str] = set()
         self.started = asyncio.Event()
+        self.generating = asyncio.Event()
+        """Set once the first job starts generating."""
 
     async def start(self) -> None:
         self.started.set()
 
     async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
         self.calls[job.request_id] += 1
+        self.order.append(job.request_id)
         self.running.add(job.request_id)
+        self.generating.set()
         try:
             if job.request_id in self.hold:
                 await asyncio.Event().wait()
             prompt = len(job.prompt_token_ids)
             for i in range(self.tokens):
-                await asyncio.sleep(0)
+                await asyncio.sleep(self.step_s)
                 yield EngineStep(
                     text=f"{job.request_id}:{i} ",
                     num_new_tokens=1,

@@ -8,89 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from redis.asyncio import Redis
 
 from schemas.messages import (
     FinishEvent,
-    InferenceJob,
-    SamplingSettings,
     TokenEvent,
     UsageRecord,
 )
+from tests.integration.queue_helpers import collect, make_job, start_worker
 from tests.integration.scripted_engine import ScriptedEngine
 from tests.polling import eventually
 from topics import catalog
-from topics.kafka import KafkaJobQueue, KafkaProducer, ensure_topics
+from topics.kafka import KafkaJobQueue, KafkaProducer
 from topics.redis_relay import RedisReplyRelay
-from workers.settings import WorkerSettings
-from workers.worker import Worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def pool(kafka_bootstrap: str) -> str:
-    name = f"it{uuid.uuid4().hex[:8]}"
-    await ensure_topics(kafka_bootstrap, [name], partitions=2)
-    return name
-
-
-@pytest.fixture
-async def producer(kafka_bootstrap: str) -> AsyncIterator[KafkaProducer]:
-    p = KafkaProducer(kafka_bootstrap, client_id="test")
-    await p.start()
-    yield p
-    await p.stop()
-
-
-@pytest.fixture
-async def relay(redis_url: str) -> AsyncIterator[RedisReplyRelay]:
-    redis = Redis.from_url(redis_url)
-    r = RedisReplyRelay(redis, gateway_id=uuid.uuid4().hex[:8])
-    await r.start()
-    yield r
-    await r.stop()
-    await redis.aclose()
-
-
-def _job(pool: str, relay: RedisReplyRelay, request_id: str) -> InferenceJob:
-    return InferenceJob(
-        request_id=request_id,
-        team="t",
-        model="m",
-        pool=pool,
-        prompt_token_ids=(1, 2, 3),
-        sampling=SamplingSettings(max_tokens=3),
-        created_at=0.0,
-        deadline=4_000_000_000.0,
-        reply_to=relay.channel,
-    )
-
-
-def _worker(
-    pool: str, kafka: str, redis: str, engine: ScriptedEngine
-) -> tuple[Worker, asyncio.Task[None]]:
-    settings = WorkerSettings(
-        kafka_bootstrap=kafka, redis_url=redis, pool=pool, model="m", replica_id=f"w-{pool}"
-    )
-    worker = Worker(settings, engine)
-    return worker, asyncio.create_task(worker.run())
-
-
-async def _collect(relay: RedisReplyRelay, request_id: str) -> list[TokenEvent | FinishEvent]:
-    events = []
-    sub = relay._requests[request_id]
-    async with asyncio.timeout(30):
-        while True:
-            event = await sub.next_event()
-            assert not isinstance(event, str)
-            events.append(event)
-            if not isinstance(event, TokenEvent):
-                return events  # type: ignore[return-value]
 
 
 async def _committed(kafka: str, pool: str, tp: TopicPartition) -> int | None:
@@ -107,13 +41,13 @@ async def test_events_reach_the_right_waiting_request(
     pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
 ) -> None:
     engine = ScriptedEngine(tokens=3)
-    worker, task = _worker(pool, kafka_bootstrap, redis_url, engine)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
     queue = KafkaJobQueue(producer)
     ids = [f"req-{i}" for i in range(4)]
     for rid in ids:
         relay.open(rid)  # subscribed before produced
-        await queue.submit(_job(pool, relay, rid))
-    results = await asyncio.gather(*(_collect(relay, rid) for rid in ids))
+        await queue.submit(make_job(pool, relay, rid))
+    results = await asyncio.gather(*(collect(relay, rid) for rid in ids))
     for rid, events in zip(ids, results, strict=True):
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert [t.text for t in tokens] == [f"{rid}:{i} " for i in range(3)]
@@ -130,11 +64,11 @@ async def test_usage_records_land_on_the_usage_topic(
     pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
 ) -> None:
     engine = ScriptedEngine(tokens=2)
-    worker, task = _worker(pool, kafka_bootstrap, redis_url, engine)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
     rid = f"usage-{uuid.uuid4().hex[:6]}"
     relay.open(rid)
-    await KafkaJobQueue(producer).submit(_job(pool, relay, rid))
-    await _collect(relay, rid)
+    await KafkaJobQueue(producer).submit(make_job(pool, relay, rid))
+    await collect(relay, rid)
     worker.drain()
     await asyncio.wait_for(task, 30)
     consumer = AIOKafkaConsumer(
@@ -164,13 +98,13 @@ async def test_offsets_commit_only_after_terminal_events(
     ids = ["a", "b", "c"]
     held = "b"
     engine = ScriptedEngine(tokens=2, hold={held})
-    _, task = _worker(pool, kafka_bootstrap, redis_url, engine)
+    _, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
     queue = KafkaJobQueue(producer)
     for rid in ids:
         relay.open(rid)
-        await queue.submit(_job(pool, relay, rid), partition=0)
-    await _collect(relay, "a")
-    await _collect(relay, "c")
+        await queue.submit(make_job(pool, relay, rid), partition=0)
+    await collect(relay, "a")
+    await collect(relay, "c")
     # The worker commits on its next loop turn: a and c are done, b (offset 1) is not.
     await eventually(lambda: _committed(kafka_bootstrap, pool, tp), lambda c: c == 1, 10)
     assert engine.calls[held] == 1 and held in engine.running
@@ -181,8 +115,8 @@ async def test_offsets_commit_only_after_terminal_events(
     assert await _committed(kafka_bootstrap, pool, tp) == 1
 
     engine2 = ScriptedEngine(tokens=2)
-    worker2, task2 = _worker(pool, kafka_bootstrap, redis_url, engine2)
-    events = await _collect(relay, held)
+    worker2, task2 = start_worker(pool, kafka_bootstrap, redis_url, engine2)
+    events = await collect(relay, held)
     assert isinstance(events[-1], FinishEvent)
     await eventually(lambda: _committed(kafka_bootstrap, pool, tp), lambda c: c == 3, 10)
     worker2.drain()

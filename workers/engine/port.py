@@ -38,6 +38,8 @@ class EngineClient(Protocol):
 
     max_num_seqs: int
     max_model_len: int
+    kv_capacity_tokens: int
+    """Tokens the KV cache holds in all (0 until started, or when unknown)."""
 
     async def start(self) -> None:
         """Load the model; return when the engine can take requests."""

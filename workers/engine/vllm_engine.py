@@ -100,6 +100,7 @@ class VllmEngine:
         self.served_name = served_name
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        self.kv_capacity_tokens = 0
         self.dtype = dtype
         self.enforce_eager = enforce_eager
         self._llm: Any = None
@@ -136,8 +137,11 @@ class VllmEngine:
         # request; start it now (as vLLM does when built on a loop) so failures surface early.
         if hasattr(self._llm, "_run_output_handler"):
             self._llm._run_output_handler()
+        cache = self._llm.vllm_config.cache_config
+        self.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
         log.info(
             "engine_started",
+            kv_capacity_tokens=self.kv_capacity_tokens,
             model=self.served_name,
             seconds=round(time.monotonic() - started, 2),
         )

@@ -1,0 +1,117 @@
+"""TTFT-based admission: refuse (429 + Retry-After) before any stream opens when the SLO
+cannot be met.
+
+Predicted TTFT = overhead + (queued prompt tokens + own prompt tokens) / pool prefill rate.
+The queued tokens come from a per-pool backlog counter (the gateway adds on produce, the worker
+removes when it starts or drops a job); the rate is the sum of ready replicas' measured prefill
+rates. Batch work is never refused here: it waits in its own topic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.chat import Tier
+from schemas.messages import ReplicaHeartbeat
+
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """Whether a request may be queued now; if not, when to retry."""
+
+    admitted: bool
+    predicted_ttft_s: float
+    retry_after_s: int | None = None
+
+
+class PromptBacklog(Protocol):
+    """Queued (not yet started) prompt tokens per pool and tier."""
+
+    async def add(self, pool: str, tier: Tier, prompt_tokens: int) -> None: ...
+
+    async def remove(self, pool: str, tier: Tier, prompt_tokens: int) -> None: ...
+
+    async def queued(self, pool: str, tier: Tier) -> int: ...
+
+
+def pool_prefill_rate(replicas: Sequence[ReplicaHeartbeat]) -> float:
+    """Sum of the measured prefill rates (tokens/s) of the ready, healthy replicas."""
+    return sum(
+        r.prefill_tokens_per_s
+        for r in replicas
+        if r.state == "ready" and r.healthy and r.prefill_tokens_per_s > 0
+    )
+
+
+class TtftPredictor:
+    """Time to first token from the queue ahead of a request and the pool's prefill rate."""
+
+    def __init__(
+        self, *, overhead_s: float = 0.05, fallback_prefill_tokens_per_s: float = 2_000.0
+    ) -> None:
+        if overhead_s < 0 or fallback_prefill_tokens_per_s <= 0:
+            raise ValueError("overhead must be >= 0 and the fallback rate > 0")
+        self.overhead_s = overhead_s
+        self.fallback_prefill_tokens_per_s = fallback_prefill_tokens_per_s
+
+    def rate(self, prefill_tokens_per_s: float) -> float:
+        """The measured rate, or the fallback while nothing has been measured (0)."""
+        if prefill_tokens_per_s > 0:
+            return prefill_tokens_per_s
+        return self.fallback_prefill_tokens_per_s
+
+    def predict(
+        self, *, prompt_tokens: int, queued_tokens: int, prefill_tokens_per_s: float
+    ) -> float:
+        rate = self.rate(prefill_tokens_per_s)
+        return self.overhead_s + (max(queued_tokens, 0) + prompt_tokens) / rate
+
+
+class AdmissionController:
+    """Admit interactive requests whose predicted TTFT meets the pool's SLO. Pure logic.
+
+    A prompt too long to meet the SLO even on an idle pool is judged against its idle-pool TTFT
+    instead (it is admitted once nothing is queued ahead of it): no Retry-After could help it.
+    """
+
+    def __init__(
+        self, predictor: TtftPredictor | None = None, *, default_slo_s: float = 1.0
+    ) -> None:
+        if default_slo_s <= 0:
+            raise ValueError("the TTFT SLO must be positive")
+        self.predictor = predictor or TtftPredictor()
+        self.default_slo_s = default_slo_s
+
+    def decide(
+        self,
+        *,
+        tier: Tier,
+        prompt_tokens: int,
+        queued_tokens: int,
+        prefill_tokens_per_s: float,
+        slo_s: float | None = None,
+    ) -> AdmissionDecision:
+        """Admit, or refuse with the whole seconds until the backlog has drained enough."""
+        predicted = self.predictor.predict(
+            prompt_tokens=prompt_tokens,
+            queued_tokens=queued_tokens,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+        )
+        if tier == "batch":
+            return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
+        rate = self.predictor.rate(prefill_tokens_per_s)
+        overhead = self.predictor.overhead_s
+        idle_ttft = overhead + prompt_tokens / rate
+        budget_s = max(self.default_slo_s if slo_s is None else slo_s, idle_ttft)
+        if predicted <= budget_s + _EPSILON:
+            return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
+        excess_tokens = max(queued_tokens, 0) + prompt_tokens - (budget_s - overhead) * rate
+        retry_after = max(1, math.ceil(excess_tokens / rate - _EPSILON))
+        return AdmissionDecision(
+            admitted=False, predicted_ttft_s=predicted, retry_after_s=retry_after
+        )

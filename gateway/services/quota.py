@@ -1,0 +1,144 @@
+"""Team token quotas: a token bucket per team, reserved at admission, reconciled from usage.
+
+A request reserves prompt + ``max_tokens`` before it is queued; when its usage record arrives,
+the tokens it did not use (reserved - prompt - completion) go back to the bucket.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.messages import UsageRecord
+
+log = structlog.get_logger()
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+BucketOutcome = Literal["ok", "insufficient_tokens", "exceeds_capacity", "unchecked"]
+"""``exceeds_capacity``: larger than one minute's quota, never satisfiable; ``unchecked``: the
+bucket store was unreachable and the request was let through (fail open)."""
+
+
+class TeamPolicy(BaseModel):
+    """What one team may use: its share of the fleet and its token rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: float = Field(default=1.0, gt=0)
+    """The team's share in weighted fair ordering between teams of one priority class."""
+    tokens_per_minute: int = Field(default=10_000_000, gt=0)
+    """Prompt + completion tokens per minute; the bucket holds one minute's worth (the burst)."""
+    key_sha256: list[str] = []
+    """SHA-256 hex digests of the team's API keys (the keys themselves are never configured)."""
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digests(cls, digests: list[str]) -> list[str]:
+        normalized = [digest.strip().lower() for digest in digests]
+        for digest in normalized:
+            if not _SHA256_HEX.match(digest):
+                raise ValueError("key_sha256 entries must be 64 hex characters (SHA-256)")
+        return normalized
+
+
+@dataclass(frozen=True)
+class BucketDecision:
+    """The outcome of one reservation against a team's bucket."""
+
+    allowed: bool
+    remaining: int
+    """Whole tokens left in the bucket after this decision."""
+    retry_after_s: int
+    """Seconds until the bucket holds enough (0 when allowed or never satisfiable)."""
+    outcome: BucketOutcome = "ok"
+
+    @property
+    def satisfiable(self) -> bool:
+        """False when the request exceeds the bucket's capacity: waiting will not help."""
+        return self.outcome != "exceeds_capacity"
+
+
+class TokenBucket(Protocol):
+    """Per-team token buckets: capacity = tokens_per_minute, refilled continuously."""
+
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        """Take `tokens` atomically if the bucket holds them; otherwise take nothing."""
+        ...
+
+    async def refund(self, team: str, tokens: int, tokens_per_minute: int) -> None:
+        """Give back `tokens` (the bucket never exceeds its capacity)."""
+        ...
+
+
+class QuotaService:
+    """Reserve a request's worst case at admission; refund what it did not use."""
+
+    def __init__(
+        self,
+        bucket: TokenBucket,
+        policies: Mapping[str, TeamPolicy] | None = None,
+        *,
+        fail_open: bool = True,
+    ) -> None:
+        self._bucket = bucket
+        self._policies = dict(policies or {})
+        self._default_policy = TeamPolicy()
+        self._fail_open = fail_open
+
+    def policy_for(self, team_name: str) -> TeamPolicy:
+        return self._policies.get(team_name, self._default_policy)
+
+    async def reserve_for(
+        self, team_name: str, tokens_per_minute: int, prompt_tokens: int, max_tokens: int
+    ) -> BucketDecision:
+        """Reserve prompt + max_tokens. Never raises: a refusal is a decision to report."""
+        wanted = prompt_tokens + max_tokens
+        try:
+            return await self._bucket.reserve(team_name, wanted, tokens_per_minute)
+        except Exception as exc:
+            if not self._fail_open:
+                raise
+            log.warning("quota_unchecked", team=team_name, error=type(exc).__name__)
+            return BucketDecision(allowed=True, remaining=0, retry_after_s=0, outcome="unchecked")
+
+    async def release(self, team_name: str, tokens_per_minute: int, reserved_tokens: int) -> None:
+        """Give a whole reservation back (the job was never queued)."""
+        await self._refund(team_name, tokens_per_minute, reserved_tokens)
+
+    async def reconcile(
+        self,
+        usage: UsageRecord,
+        reserved_tokens: int | None = None,
+        tokens_per_minute: int | None = None,
+    ) -> int:
+        """Refund the unused part of a reservation; returns the tokens refunded.
+
+        `reserved_tokens` defaults to the record's own; `tokens_per_minute` to the team's policy.
+        """
+        reserved = usage.reserved_tokens if reserved_tokens is None else reserved_tokens
+        used = usage.prompt_tokens + usage.completion_tokens
+        unused = reserved - used
+        if unused < 0:
+            log.warning("quota_overrun", team=usage.team, request_id=usage.request_id, over=-unused)
+        if unused <= 0:
+            return 0
+        if tokens_per_minute is None:
+            tokens_per_minute = self.policy_for(usage.team).tokens_per_minute
+        await self._refund(usage.team, tokens_per_minute, unused)
+        return unused
+
+    async def _refund(self, team_name: str, tokens_per_minute: int, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        try:
+            await self._bucket.refund(team_name, tokens, tokens_per_minute)
+        except Exception as exc:  # a lost refund only makes the quota stricter for a minute
+            if not self._fail_open:
+                raise
+            log.warning("quota_refund_failed", team=team_name, error=type(exc).__name__)

@@ -1,0 +1,165 @@
+"""Partition choice: the partition is the route.
+
+Kafka gives each partition of a job topic to one worker of the pool, so choosing the partition
+chooses the worker. The preferred partition is a stable hash of the prompt's first blocks
+(salted per team, with the LoRA adapter hashed in), so requests sharing a prefix reach the
+worker holding it in its prefix cache. Bounded load walks away from an overloaded owner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.messages import ReplicaHeartbeat
+
+RouteReason = Literal["affinity", "bounded_load", "no_owner_info"]
+"""Why a partition was chosen.
+
+- ``affinity``: the preferred partition (its owner is live and not overloaded, or every live
+  owner is overloaded so moving would not help).
+- ``bounded_load``: the preferred partition's owner is overloaded; walked to the next one.
+- ``no_owner_info``: no live replica reports owning the preferred partition; walked to the next
+  owned one, or kept it when no partition of the topic has a live owner.
+"""
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Where one job goes, and why."""
+
+    partition: int
+    preferred_partition: int
+    reason: RouteReason
+    owner_replica_id: str | None
+
+
+def _is_live(replica: ReplicaHeartbeat) -> bool:
+    return replica.state == "ready" and replica.healthy
+
+
+def partition_owners(
+    topic: str, partitions: int, replicas: Sequence[ReplicaHeartbeat]
+) -> dict[int, ReplicaHeartbeat]:
+    """Partition -> its live owner, from heartbeats' ``"topic:partition"`` entries.
+
+    When two heartbeats claim one partition (mid-rebalance), the most recent one wins.
+    """
+    owners: dict[int, ReplicaHeartbeat] = {}
+    for replica in replicas:
+        if not _is_live(replica):
+            continue
+        for entry in replica.partitions:
+            name, _, number = entry.rpartition(":")
+            if name != topic or not number.isdigit():
+                continue
+            partition = int(number)
+            if partition >= partitions:
+                continue
+            current = owners.get(partition)
+            if current is None or replica.sent_at > current.sent_at:
+                owners[partition] = replica
+    return owners
+
+
+def replica_loads(replicas: Sequence[ReplicaHeartbeat]) -> dict[str, float]:
+    """Replica id -> load: outstanding tokens when any replica reports them, else jobs held."""
+    by_tokens = any(r.outstanding_tokens > 0 for r in replicas)
+    return {
+        r.replica_id: float(r.outstanding_tokens if by_tokens else r.in_flight) for r in replicas
+    }
+
+
+class PartitionRouter:
+    """Prefix-affinity partition choice with bounded load. Pure logic: no I/O."""
+
+    def __init__(
+        self, *, prefix_blocks: int = 4, block_size: int = 128, load_factor: float = 1.25
+    ) -> None:
+        if prefix_blocks < 1 or block_size < 1:
+            raise ValueError("prefix_blocks and block_size must be at least 1")
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be at least 1.0")
+        self.prefix_blocks = prefix_blocks
+        self.block_size = block_size
+        self.load_factor = load_factor
+
+    def affinity_prefix(self, prompt_token_ids: Sequence[int]) -> Sequence[int]:
+        """The tokens that decide affinity: whole leading blocks, or all of a short prompt."""
+        whole_blocks = min(self.prefix_blocks, len(prompt_token_ids) // self.block_size)
+        if whole_blocks == 0:
+            return prompt_token_ids
+        return prompt_token_ids[: whole_blocks * self.block_size]
+
+    def preferred_partition(
+        self, *, team: str, prompt_token_ids: Sequence[int], adapter: str | None, partitions: int
+    ) -> int:
+        """A stable hash (BLAKE2b, the same in every process) of team, prefix and adapter."""
+        if partitions < 1:
+            raise ValueError("a topic has at least one partition")
+        digest = hashlib.blake2b(digest_size=8, person=b"llmq-route")
+        team_bytes = team.encode()
+        digest.update(struct.pack("<I", len(team_bytes)) + team_bytes)
+        prefix = self.affinity_prefix(prompt_token_ids)
+        digest.update(struct.pack(f"<I{len(prefix)}I", len(prefix), *prefix))
+        if adapter is not None:
+            digest.update(b"adapter:" + adapter.encode())
+        return int.from_bytes(digest.digest(), "big") % partitions
+
+    def choose(
+        self,
+        *,
+        pool: str,
+        team: str,
+        prompt_token_ids: Sequence[int],
+        adapter: str | None,
+        partitions: int,
+        replicas: Sequence[ReplicaHeartbeat],
+        topic: str,
+    ) -> RouteDecision:
+        """The partition for one job of `pool` on `topic`."""
+        preferred = self.preferred_partition(
+            team=team, prompt_token_ids=prompt_token_ids, adapter=adapter, partitions=partitions
+        )
+        live = [r for r in replicas if r.pool == pool and _is_live(r)]
+        owners = partition_owners(topic, partitions, live)
+        overloaded = self._overloaded(live)
+        walk = [(preferred + step) % partitions for step in range(partitions)]
+
+        for partition in walk:
+            owner = owners.get(partition)
+            if owner is not None and owner.replica_id not in overloaded:
+                return RouteDecision(
+                    partition=partition,
+                    preferred_partition=preferred,
+                    reason=self._reason(partition, preferred, owners),
+                    owner_replica_id=owner.replica_id,
+                )
+        # Every live owner is overloaded, or no partition has a live owner.
+        if preferred in owners:
+            return RouteDecision(preferred, preferred, "affinity", owners[preferred].replica_id)
+        owned = next((p for p in walk if p in owners), None)
+        if owned is not None:
+            return RouteDecision(owned, preferred, "no_owner_info", owners[owned].replica_id)
+        return RouteDecision(preferred, preferred, "no_owner_info", None)
+
+    def _overloaded(self, live: Sequence[ReplicaHeartbeat]) -> set[str]:
+        """Ids of replicas above `load_factor` x the pool's mean load (none when mean is 0)."""
+        loads = replica_loads(live)
+        if not loads:
+            return set()
+        mean = sum(loads.values()) / len(loads)
+        if mean <= 0:
+            return set()
+        return {rid for rid, load in loads.items() if load > self.load_factor * mean}
+
+    @staticmethod
+    def _reason(
+        partition: int, preferred: int, owners: Mapping[int, ReplicaHeartbeat]
+    ) -> RouteReason:
+        if partition == preferred:
+            return "affinity"
+        return "bounded_load" if preferred in owners else "no_owner_info"

@@ -1,0 +1,37 @@
+"""Fixtures of the integration tests: a fresh pool's topics, a producer, a reply relay."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from topics.kafka import KafkaProducer, ensure_topics
+from topics.redis_relay import RedisReplyRelay
+
+
+@pytest.fixture
+async def pool(kafka_bootstrap: str) -> str:
+    name = f"it{uuid.uuid4().hex[:8]}"
+    await ensure_topics(kafka_bootstrap, [name], partitions=2)
+    return name
+
+
+@pytest.fixture
+async def producer(kafka_bootstrap: str) -> AsyncIterator[KafkaProducer]:
+    p = KafkaProducer(kafka_bootstrap, client_id="test")
+    await p.start()
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def relay(redis_url: str) -> AsyncIterator[RedisReplyRelay]:
+    redis = Redis.from_url(redis_url)
+    r = RedisReplyRelay(redis, gateway_id=uuid.uuid4().hex[:8])
+    await r.start()
+    yield r
+    await r.stop()
+    await redis.aclose()

@@ -1,0 +1,67 @@
+"""Queued prompt tokens per pool and tier on real Valkey: counts, clamping at 0, idle TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.services.admission import PromptBacklog
+from topics.redis_backlog import RedisBacklog, backlog_key
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"pool{uuid.uuid4().hex[:8]}"
+
+
+async def test_add_and_remove_track_queued_tokens_per_tier(redis: Redis, pool: str) -> None:
+    backlog: PromptBacklog = RedisBacklog(redis)
+    assert await backlog.queued(pool, "interactive") == 0
+    await backlog.add(pool, "interactive", 300)
+    await backlog.add(pool, "interactive", 200)
+    await backlog.add(pool, "batch", 7_000)
+    await backlog.remove(pool, "interactive", 300)
+    assert await backlog.queued(pool, "interactive") == 200
+    assert await backlog.queued(pool, "batch") == 7_000
+
+
+async def test_backlog_never_goes_below_zero(redis: Redis, pool: str) -> None:
+    backlog = RedisBacklog(redis)
+    await backlog.remove(pool, "interactive", 50)  # a job started before its add was seen
+    assert await backlog.queued(pool, "interactive") == 0
+    await backlog.add(pool, "interactive", 100)
+    await backlog.remove(pool, "interactive", 100)
+    await backlog.remove(pool, "interactive", 100)  # a redelivered job removed twice
+    assert await backlog.queued(pool, "interactive") == 0
+    assert int(await redis.get(backlog_key(pool, "interactive")) or 0) == 0
+
+
+async def test_concurrent_updates_are_atomic(redis: Redis, pool: str) -> None:
+    backlog = RedisBacklog(redis)
+    await asyncio.gather(*(backlog.add(pool, "interactive", 10) for _ in range(50)))
+    assert await backlog.queued(pool, "interactive") == 500
+    await asyncio.gather(*(backlog.remove(pool, "interactive", 15) for _ in range(50)))
+    assert await backlog.queued(pool, "interactive") == 0
+
+
+async def test_counters_expire_when_the_pool_is_idle(redis: Redis, pool: str) -> None:
+    backlog = RedisBacklog(redis, idle_ttl_s=30)
+    await backlog.add(pool, "interactive", 10)
+    assert 25_000 < await redis.pttl(backlog_key(pool, "interactive")) <= 30_000
+    await backlog.remove(pool, "interactive", 5)
+    assert 25_000 < await redis.pttl(backlog_key(pool, "interactive")) <= 30_000
+    await backlog.add(pool, "interactive", 0)  # no-op
+    assert await backlog.queued(pool, "interactive") == 5

@@ -1,0 +1,74 @@
+"""Priority classes on a real broker and Redis: interactive overtakes batch, preemption
+re-queues a batch line that still completes exactly once, an expired job is not run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from schemas.messages import ErrorEvent, FinishEvent, TokenEvent
+from tests.integration.queue_helpers import collect, make_job, start_worker
+from tests.integration.scripted_engine import ScriptedEngine
+from topics.kafka import KafkaJobQueue, KafkaProducer
+from topics.redis_relay import RedisReplyRelay
+
+pytestmark = pytest.mark.integration
+
+
+async def test_interactive_overtakes_a_batch_backlog_and_preempts_it(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    # One sequence slot: the engine can run one job at a time.
+    engine = ScriptedEngine(tokens=50, max_num_seqs=1, step_s=0.02)  # a job runs ~1 s
+    queue = KafkaJobQueue(producer)
+    batch = [f"batch-{i}" for i in range(4)]
+    for rid in batch:
+        relay.open(rid)
+        await queue.submit(make_job(pool, relay, rid, tier="batch"))
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    await asyncio.wait_for(engine.generating.wait(), 30)  # the first batch job is running
+    interactive = ["inter-0", "inter-1"]
+    for rid in interactive:
+        relay.open(rid)
+        await queue.submit(make_job(pool, relay, rid))
+    results = {rid: await collect(relay, rid) for rid in interactive + batch}
+    worker.drain()
+    await asyncio.wait_for(task, 30)
+
+    # Both interactive jobs started before any batch job that was still waiting.
+    first_batch_restart = min(i for i, rid in enumerate(engine.order) if rid in batch and i > 0)
+    starts = {rid: engine.order.index(rid) for rid in interactive}
+    assert all(pos < first_batch_restart for pos in starts.values()), engine.order
+    # The running batch job was preempted (aborted and re-queued): it ran twice ...
+    preempted = engine.order[0]
+    assert preempted in batch and engine.calls[preempted] == 2
+    # ... yet every batch caller saw exactly one whole answer and one finish.
+    for rid in batch:
+        events = results[rid]
+        tokens = [e for e in events if isinstance(e, TokenEvent)]
+        assert len(tokens) == 1 and tokens[0].num_tokens == 50
+        assert isinstance(events[-1], FinishEvent) and events[-1].usage.completion_tokens == 50
+    for rid in interactive:
+        assert isinstance(results[rid][-1], FinishEvent)
+
+
+async def test_expired_job_is_not_run(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    engine = ScriptedEngine(tokens=2)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    relay.open("late")
+    relay.open("fine")
+    queue = KafkaJobQueue(producer)
+    await queue.submit(make_job(pool, relay, "late", deadline=time.time() - 1))
+    await queue.submit(make_job(pool, relay, "fine"))
+    late = await collect(relay, "late")
+    fine = await collect(relay, "fine")
+    worker.drain()
+    await asyncio.wait_for(task, 30)
+    assert len(late) == 1 and isinstance(late[0], ErrorEvent)
+    assert late[0].code == "deadline_exceeded"
+    assert isinstance(fine[-1], FinishEvent)
+    assert "late" not in engine.calls and engine.calls["fine"] == 1

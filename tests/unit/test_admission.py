@@ -1,0 +1,113 @@
+"""TTFT admission: predicted TTFT against the SLO, and the Retry-After of a refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.services.admission import AdmissionController, TtftPredictor, pool_prefill_rate
+from schemas.messages import ReplicaHeartbeat
+from schemas.messages import ReplicaState as State
+
+# Defaults: overhead 0.05 s, fallback rate 2,000 tokens/s, SLO 1.0 s.
+CASES = [
+    # (name, prompt, queued, rate, slo, admitted, predicted, retry_after)
+    ("idle pool, nothing measured yet", 500, 0, 0.0, None, True, 0.30, None),
+    ("exactly at the SLO", 100, 1_800, 2_000.0, None, True, 1.00, None),
+    ("two tokens over the SLO", 100, 1_802, 2_000.0, None, False, 1.001, 1),
+    ("deep backlog", 1_000, 20_000, 4_000.0, None, False, 5.30, 5),
+    ("deep backlog, lenient pool SLO", 1_000, 20_000, 4_000.0, 2.0, False, 5.30, 4),
+    ("backlog on the fallback rate", 500, 10_000, 0.0, None, False, 5.30, 5),
+    ("whole-second drain is not rounded up", 100, 5_800, 2_000.0, None, False, 3.00, 2),
+    ("fast measured rate", 2_000, 50_000, 100_000.0, None, True, 0.57, None),
+    ("prompt too long for the SLO, idle pool", 4_000, 0, 2_000.0, None, True, 2.05, None),
+    ("prompt too long for the SLO, backlog", 4_000, 3_000, 2_000.0, None, False, 3.55, 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "queued", "rate", "slo", "admitted", "predicted", "retry_after"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_interactive_admission(
+    prompt: int,
+    queued: int,
+    rate: float,
+    slo: float | None,
+    admitted: bool,
+    predicted: float,
+    retry_after: int | None,
+) -> None:
+    decision = AdmissionController().decide(
+        tier="interactive",
+        prompt_tokens=prompt,
+        queued_tokens=queued,
+        prefill_tokens_per_s=rate,
+        slo_s=slo,
+    )
+    assert decision.admitted is admitted
+    assert decision.predicted_ttft_s == pytest.approx(predicted)
+    assert decision.retry_after_s == retry_after
+
+
+def test_a_retry_after_the_advertised_drain_is_admitted() -> None:
+    controller = AdmissionController()
+    refused = controller.decide(
+        tier="interactive", prompt_tokens=700, queued_tokens=9_000, prefill_tokens_per_s=3_000.0
+    )
+    assert not refused.admitted and refused.retry_after_s is not None
+    drained = max(0, 9_000 - int(refused.retry_after_s * 3_000))
+    later = controller.decide(
+        tier="interactive", prompt_tokens=700, queued_tokens=drained, prefill_tokens_per_s=3_000.0
+    )
+    assert later.admitted
+
+
+def test_batch_is_never_refused() -> None:
+    decision = AdmissionController().decide(
+        tier="batch", prompt_tokens=4_000, queued_tokens=10**9, prefill_tokens_per_s=10.0
+    )
+    assert decision.admitted and decision.retry_after_s is None
+
+
+def test_configured_overhead_fallback_and_default_slo() -> None:
+    predictor = TtftPredictor(overhead_s=0.2, fallback_prefill_tokens_per_s=1_000.0)
+    controller = AdmissionController(predictor, default_slo_s=0.5)
+    decision = controller.decide(
+        tier="interactive", prompt_tokens=100, queued_tokens=400, prefill_tokens_per_s=0.0
+    )
+    # 0.2 + 500/1000 = 0.7 > 0.5; drain (500 - 0.3*1000)/1000 = 0.2 s -> at least 1 s
+    assert (decision.admitted, decision.retry_after_s) == (False, 1)
+    assert decision.predicted_ttft_s == pytest.approx(0.7)
+
+
+def test_invalid_configuration_is_refused() -> None:
+    with pytest.raises(ValueError):
+        TtftPredictor(fallback_prefill_tokens_per_s=0)
+    with pytest.raises(ValueError):
+        AdmissionController(default_slo_s=0)
+
+
+def _beat(rate: float, state: State = "ready", healthy: bool = True) -> ReplicaHeartbeat:
+    return ReplicaHeartbeat(
+        replica_id=f"r-{rate}-{state}-{healthy}",
+        pool="small",
+        model="m",
+        state=state,
+        healthy=healthy,
+        prefill_tokens_per_s=rate,
+        sent_at=1.0,
+    )
+
+
+def test_pool_prefill_rate_sums_ready_healthy_replicas() -> None:
+    replicas = [
+        _beat(1_500.0),
+        _beat(2_500.0),
+        _beat(0.0),  # not measured yet
+        _beat(9_000.0, state="loading"),
+        _beat(9_000.0, state="draining"),
+        _beat(9_000.0, healthy=False),
+    ]
+    assert pool_prefill_rate(replicas) == 4_000.0
+    assert pool_prefill_rate([]) == 0.0

@@ -1,0 +1,215 @@
+"""The headroom policy: how many jobs of each priority class the worker may start now.
+
+A worker fetches only what its engine can start, so that nothing waits on the worker that
+another worker could have run. Two resources bound what can start:
+
+- sequence slots: the jobs the worker holds (running or submitted) stay below ``max_num_seqs``;
+- KV cache room: a job needs its prompt plus its expected output in free KV tokens. The engine
+  reports its KV use as of its last step, so jobs submitted since then (``reserved_tokens``) are
+  subtracted from the room as well.
+
+Interactive jobs may fill the KV cache up to ``interactive_kv_limit``; batch jobs start only
+below ``batch_kv_watermark`` and only while no interactive job waits. When an interactive job
+cannot start while batch jobs run, the caller aborts a batch victim (`choose_victim`: the one
+with the least work done, so the least work is recomputed) and re-queues it.
+
+An idle engine (nothing in flight) starts any job the class gates allow, however large: vLLM
+checks ``max_model_len`` itself, and waiting for room that can never appear would stall.
+
+Pure logic: the pull loop gathers an `EngineLoad` and asks; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.chat import Tier
+from workers.engine.port import EngineStats
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the worker knows about its engine's load right now."""
+
+    in_flight: int
+    """Jobs the worker holds: running in the engine or submitted to it."""
+    max_num_seqs: int
+    kv_cache_usage: float = 0.0
+    """Fraction of the KV cache in use (0..1), from the engine's last step."""
+    kv_capacity_tokens: int = 0
+    """Total KV cache tokens of the engine; 0 when unknown (KV room is then not checked)."""
+    reserved_tokens: int = 0
+    """Prompt + expected output tokens of submitted jobs the KV usage may not reflect yet."""
+    interactive_backlog: int = 0
+    """Interactive jobs known to be queued in this worker's partitions or buffer."""
+    batch_in_flight: int = 0
+    """Batch jobs among ``in_flight``: what preemption can free."""
+
+    @classmethod
+    def from_stats(
+        cls,
+        stats: EngineStats,
+        *,
+        in_flight: int,
+        max_num_seqs: int,
+        kv_capacity_tokens: int = 0,
+        reserved_tokens: int = 0,
+        interactive_backlog: int = 0,
+        batch_in_flight: int = 0,
+    ) -> EngineLoad:
+        """Build a load from the engine's own statistics plus what the worker tracks."""
+        return cls(
+            in_flight=in_flight,
+            max_num_seqs=max_num_seqs,
+            kv_cache_usage=stats.kv_cache_usage,
+            kv_capacity_tokens=kv_capacity_tokens,
+            reserved_tokens=reserved_tokens,
+            interactive_backlog=interactive_backlog,
+            batch_in_flight=batch_in_flight,
+        )
+
+
+@dataclass(frozen=True)
+class FetchBudget:
+    """How many records of each class the pull loop may fetch now.
+
+    Both counts draw on the same free slots, so they do not add up: one fetch takes at most
+    `total` records, at most ``batch`` of them batch (``batch <= interactive`` always holds,
+    as batch room is a subset of interactive room). A class with 0 should be paused.
+    """
+
+    interactive: int
+    batch: int
+
+    @property
+    def total(self) -> int:
+        return max(self.interactive, self.batch)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job the worker holds, as preemption sees it."""
+
+    request_id: str
+    tier: Tier
+    started_at: float
+    """Monotonic time the worker started it."""
+    tokens_done: int
+    """Output tokens produced so far: the work an abort throws away."""
+
+
+def choose_victim(running: Sequence[RunningJob]) -> RunningJob | None:
+    """The batch job to abort for an interactive one: least work done, then latest started.
+
+    Never an interactive job; None when no batch job runs.
+    """
+    batch = [job for job in running if job.tier == "batch"]
+    if not batch:
+        return None
+    return min(batch, key=lambda job: (job.tokens_done, -job.started_at))
+
+
+@dataclass(frozen=True)
+class HeadroomPolicy:
+    """Decides what may start (and be fetched) given the engine's load."""
+
+    batch_kv_watermark: float = 0.70
+    """Batch jobs start only while KV use is below this, leaving room for interactive bursts."""
+    interactive_kv_limit: float = 0.95
+    """Interactive jobs may fill the KV cache up to this (vLLM keeps a little for growth)."""
+    expected_output_fraction: float = 0.5
+    """Share of ``max_tokens`` a job is expected to produce (see `job_tokens`)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.batch_kv_watermark <= self.interactive_kv_limit <= 1.0:
+            raise ValueError("need 0 < batch_kv_watermark <= interactive_kv_limit <= 1")
+        if not 0.0 <= self.expected_output_fraction <= 1.0:
+            raise ValueError("expected_output_fraction must be within 0..1")
+
+    def job_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
+        """KV tokens to reserve for a job: its prompt plus its expected (not maximum) output.
+
+        Most requests stop well before ``max_tokens`` (callers set it as a ceiling), so
+        reserving the full ceiling would leave much of the KV cache idle. Reserving a fraction
+        over-commits a little; the engine absorbs the overshoot by preempting its own
+        lowest-priority sequences, which are batch ones.
+        """
+        if prompt_tokens < 0 or max_tokens < 0:
+            raise ValueError("token counts cannot be negative")
+        return prompt_tokens + math.ceil(self.expected_output_fraction * max_tokens)
+
+    @staticmethod
+    def free_slots(load: EngineLoad) -> int:
+        """Sequence slots left: ``max_num_seqs - in_flight``, never below 0."""
+        return max(load.max_num_seqs - load.in_flight, 0)
+
+    def kv_limit(self, tier: Tier) -> float:
+        """The KV use a job of this class may fill the cache up to."""
+        return self.interactive_kv_limit if tier == "interactive" else self.batch_kv_watermark
+
+    def free_kv_tokens(self, load: EngineLoad, tier: Tier) -> int | None:
+        """KV tokens a job of this class may still take (may be negative); None if unknown."""
+        if load.kv_capacity_tokens <= 0:
+            return None
+        room = (self.kv_limit(tier) - load.kv_cache_usage) * load.kv_capacity_tokens
+        return round(room) - load.reserved_tokens  # round, not floor: 0.7 - 0.2 < 0.5
+
+    def can_start(self, load: EngineLoad, job_tokens: int, tier: Tier) -> bool:
+        """Whether a job of ``job_tokens`` (see `job_tokens`) and this class may start now."""
+        if self.free_slots(load) == 0:
+            return False
+        if tier == "batch" and not self._batch_open(load):
+            return False
+        if load.in_flight == 0:
+            return True
+        room = self.free_kv_tokens(load, tier)
+        return room is None or job_tokens <= room
+
+    def preemption_needed(self, load: EngineLoad, tier: Tier, job_tokens: int = 1) -> bool:
+        """Whether an interactive job cannot start (no slot or KV room) while batch jobs run.
+
+        The caller then aborts `choose_victim` of its running jobs, re-queues it, updates the
+        load and asks again. ``job_tokens`` defaults to the smallest job (any room at all).
+        """
+        if tier != "interactive" or load.batch_in_flight <= 0:
+            return False
+        return not self.can_start(load, job_tokens, "interactive")
+
+    def choose_victim(self, running: Sequence[RunningJob]) -> RunningJob | None:
+        """See the module-level `choose_victim`."""
+        return choose_victim(running)
+
+    def fetch_budget(self, load: EngineLoad, *, typical_job_tokens: int = 0) -> FetchBudget:
+        """How many records of each class to fetch now, so that what is fetched can start.
+
+        Interactive: the free slots while there is interactive KV room, plus one per running
+        batch job: an interactive job fetched then starts by preempting one. (Whether any
+        interactive job waits cannot be known without fetching: a paused partition reports
+        no new high watermark.)
+        Batch: 0 while an interactive job waits or KV use is at the watermark, else the free
+        slots. With ``typical_job_tokens`` > 0 (e.g. a running mean of `job_tokens`) and a
+        known KV capacity, each class is also capped by how many typical jobs fit its room.
+        """
+        room = self._fits(load, "interactive", typical_job_tokens)
+        preempt = load.batch_in_flight
+        batch = self._fits(load, "batch", typical_job_tokens) if self._batch_open(load) else 0
+        return FetchBudget(interactive=room + preempt, batch=batch)
+
+    def _batch_open(self, load: EngineLoad) -> bool:
+        return load.interactive_backlog == 0 and load.kv_cache_usage < self.batch_kv_watermark
+
+    def _fits(self, load: EngineLoad, tier: Tier, typical_job_tokens: int) -> int:
+        """How many jobs of this class fit the free slots and KV room (ignoring class gates)."""
+        slots = self.free_slots(load)
+        if slots == 0 or load.in_flight == 0:
+            return slots
+        room = self.free_kv_tokens(load, tier)
+        if room is None:
+            return slots
+        if room <= 0:
+            return 0
+        if typical_job_tokens <= 0:
+            return slots
+        return min(slots, room // typical_job_tokens)
