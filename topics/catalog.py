@@ -47,6 +47,16 @@ def done_key(request_id: str) -> str:
     return f"llmq:done:{request_id}"
 
 
+def backlog_key(pool: str, tier: PriorityClass) -> str:
+    """Redis counter of queued (not yet started) prompt tokens for one pool and class."""
+    return f"llmq:backlog:{pool}:{tier}"
+
+
+def bucket_key(team: str) -> str:
+    """Redis hash holding one team's token bucket (tokens, last refill in ms)."""
+    return f"llmq:bucket:{team}"
+
+
 def replica_key(replica_id: str) -> str:
     """Redis key (with a TTL) holding a worker's latest heartbeat."""
     return f"llmq:replica:{replica_id}"

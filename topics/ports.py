@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from schemas.messages import (
     CancelEvent,
@@ -95,6 +95,40 @@ class QueueBacklog(Protocol):
     async def remove(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
 
     async def queued(self, pool: str, tier: PriorityClass) -> int: ...
+
+
+BucketOutcome = Literal["ok", "insufficient_tokens", "exceeds_capacity", "unchecked"]
+"""``exceeds_capacity``: larger than one minute's quota, never satisfiable; ``unchecked``: the
+bucket store was unreachable and the request was let through (fail open)."""
+
+
+@dataclass(frozen=True)
+class BucketDecision:
+    """The outcome of one reservation against a team's bucket."""
+
+    allowed: bool
+    remaining: int
+    """Whole tokens left in the bucket after this decision."""
+    retry_after_s: int
+    """Seconds until the bucket holds enough (0 when allowed or never satisfiable)."""
+    outcome: BucketOutcome = "ok"
+
+    @property
+    def satisfiable(self) -> bool:
+        """False when the request exceeds the bucket's capacity: waiting will not help."""
+        return self.outcome != "exceeds_capacity"
+
+
+class TokenBucket(Protocol):
+    """Per-team token buckets: capacity = tokens_per_minute, refilled continuously."""
+
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        """Take `tokens` atomically if the bucket holds them; otherwise take nothing."""
+        ...
+
+    async def refund(self, team: str, tokens: int, tokens_per_minute: int) -> None:
+        """Give back `tokens` (the bucket never exceeds its capacity)."""
+        ...
 
 
 class ReplicaDirectory(Protocol):

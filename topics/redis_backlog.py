@@ -10,14 +10,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from topics.catalog import PriorityClass
-
-
-def backlog_key(pool: str, tier: PriorityClass) -> str:
-    """Redis counter of queued prompt tokens for one pool and tier."""
-    # TODO move to topics.catalog (the one catalog of names)
-    return f"llmq:backlog:{pool}:{tier}"
-
+from topics.catalog import PriorityClass, backlog_key
 
 _REMOVE = """
 local left = (tonumber(redis.call('GET', KEYS[1])) or 0) - tonumber(ARGV[1])

@@ -13,14 +13,8 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from gateway.services.quota import BucketDecision
-
-
-def bucket_key(team: str) -> str:
-    """Redis hash holding one team's token bucket (tokens, last refill in ms)."""
-    # TODO move to topics.catalog (the one catalog of names)
-    return f"llmq:bucket:{team}"
-
+from topics.catalog import bucket_key
+from topics.ports import BucketDecision
 
 # KEYS[1]: the bucket. ARGV: capacity, refill per ms, tokens, mode ("reserve" | "refund"),
 # ttl in ms, now in ms ("" = the server's TIME). Returns {status, tokens left as a string}:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from schemas.chat import Tier
 from schemas.messages import ReplicaHeartbeat
@@ -27,16 +26,6 @@ class AdmissionDecision:
     admitted: bool
     predicted_ttft_s: float
     retry_after_s: int | None = None
-
-
-class PromptBacklog(Protocol):
-    """Queued (not yet started) prompt tokens per pool and tier."""
-
-    async def add(self, pool: str, tier: Tier, prompt_tokens: int) -> None: ...
-
-    async def remove(self, pool: str, tier: Tier, prompt_tokens: int) -> None: ...
-
-    async def queued(self, pool: str, tier: Tier) -> int: ...
 
 
 def pool_prefill_rate(replicas: Sequence[ReplicaHeartbeat]) -> float:

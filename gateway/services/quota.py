@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.messages import UsageRecord
+from topics.ports import BucketDecision, TokenBucket
 
 log = structlog.get_logger()
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-BucketOutcome = Literal["ok", "insufficient_tokens", "exceeds_capacity", "unchecked"]
-"""``exceeds_capacity``: larger than one minute's quota, never satisfiable; ``unchecked``: the
-bucket store was unreachable and the request was let through (fail open)."""
 
 
 class TeamPolicy(BaseModel):
@@ -45,35 +40,6 @@ class TeamPolicy(BaseModel):
             if not _SHA256_HEX.match(digest):
                 raise ValueError("key_sha256 entries must be 64 hex characters (SHA-256)")
         return normalized
-
-
-@dataclass(frozen=True)
-class BucketDecision:
-    """The outcome of one reservation against a team's bucket."""
-
-    allowed: bool
-    remaining: int
-    """Whole tokens left in the bucket after this decision."""
-    retry_after_s: int
-    """Seconds until the bucket holds enough (0 when allowed or never satisfiable)."""
-    outcome: BucketOutcome = "ok"
-
-    @property
-    def satisfiable(self) -> bool:
-        """False when the request exceeds the bucket's capacity: waiting will not help."""
-        return self.outcome != "exceeds_capacity"
-
-
-class TokenBucket(Protocol):
-    """Per-team token buckets: capacity = tokens_per_minute, refilled continuously."""
-
-    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
-        """Take `tokens` atomically if the bucket holds them; otherwise take nothing."""
-        ...
-
-    async def refund(self, team: str, tokens: int, tokens_per_minute: int) -> None:
-        """Give back `tokens` (the bucket never exceeds its capacity)."""
-        ...
 
 
 class QuotaService:

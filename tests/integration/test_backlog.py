@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.services.admission import PromptBacklog
-from topics.redis_backlog import RedisBacklog, backlog_key
+from topics.catalog import backlog_key
+from topics.ports import QueueBacklog
+from topics.redis_backlog import RedisBacklog
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def pool() -> str:
 
 
 async def test_add_and_remove_track_queued_tokens_per_tier(redis: Redis, pool: str) -> None:
-    backlog: PromptBacklog = RedisBacklog(redis)
+    backlog: QueueBacklog = RedisBacklog(redis)
     assert await backlog.queued(pool, "interactive") == 0
     await backlog.add(pool, "interactive", 300)
     await backlog.add(pool, "interactive", 200)

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.services.quota import BucketDecision, QuotaService, TeamPolicy, TokenBucket
+from gateway.services.quota import QuotaService, TeamPolicy
 from schemas.messages import UsageRecord
-from topics.redis_token_bucket import RedisTokenBucket, bucket_key
+from topics.catalog import bucket_key
+from topics.ports import BucketDecision, TokenBucket
+from topics.redis_token_bucket import RedisTokenBucket
 
 pytestmark = pytest.mark.integration
 
