@@ -14,13 +14,20 @@ from gateway.auth import ApiKeyAuthenticator
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import chat, health, models
+from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.chat import ChatService
+from gateway.services.intake import JobIntake
+from gateway.services.quota import QuotaService
+from gateway.services.reconcile import UsageReconciler
 from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.render import ChatRenderer
+from gateway.services.routing import PartitionRouter
 from gateway.settings import GatewaySettings
 from topics import catalog
-from topics.kafka import KafkaJobQueue, KafkaProducer
+from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaUsageStream
+from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
+from topics.redis_token_bucket import RedisTokenBucket
 
 log = structlog.get_logger()
 
@@ -30,17 +37,40 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client_id = f"gateway-{settings.gateway_id}"
         redis = Redis.from_url(settings.redis_url)
-        producer = KafkaProducer(
-            settings.kafka_bootstrap, client_id=f"gateway-{settings.gateway_id}"
-        )
+        producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
         relay = RedisReplyRelay(redis, settings.gateway_id)
         replicas = ReplicaView(RedisReplicaDirectory(redis), settings.replica_refresh_s)
         registry = ModelRegistry(settings.deployments, replicas)
+        quota = QuotaService(RedisTokenBucket(redis), settings.teams)
+        usage = KafkaUsageStream(settings.kafka_bootstrap, catalog.QUOTA_GROUP, client_id)
+        reconciler = UsageReconciler(usage, quota)
         await producer.start()
         await relay.start()
         await replicas.start()
+        await usage.start()
+        reconciler.start()
         metrics = GatewayMetrics()
+        intake = JobIntake(
+            registry=registry,
+            renderer=renderer or ChatRenderer.load(settings.deployments),
+            queue=KafkaJobQueue(producer),
+            backlog=RedisBacklog(redis),
+            admission=AdmissionController(
+                TtftPredictor(
+                    overhead_s=settings.admission_overhead_s,
+                    fallback_prefill_tokens_per_s=settings.fallback_prefill_tokens_per_s,
+                )
+            ),
+            quota=quota,
+            router=PartitionRouter(
+                prefix_blocks=settings.routing_prefix_blocks,
+                block_size=settings.routing_block_size,
+                load_factor=settings.routing_load_factor,
+            ),
+            request_timeout_s=settings.request_timeout_s,
+        )
         app.state.redis = redis
         app.state.producer = producer
         app.state.registry = registry
@@ -50,19 +80,13 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         app.state.probe_topic = (
             catalog.job_topic(default.pool, "interactive") if default else catalog.USAGE_TOPIC
         )
-        app.state.chat_service = ChatService(
-            registry=registry,
-            renderer=renderer or ChatRenderer.load(settings.deployments),
-            queue=KafkaJobQueue(producer),
-            relay=relay,
-            cancels=RedisCancelBus(redis),
-            metrics=metrics,
-            request_timeout_s=settings.request_timeout_s,
-        )
+        app.state.chat_service = ChatService(intake, relay, RedisCancelBus(redis), metrics)
         log.info("gateway_started", gateway_id=settings.gateway_id, port=settings.port)
         try:
             yield
         finally:
+            await reconciler.stop()
+            await usage.stop()
             await replicas.stop()
             await relay.stop()
             await producer.stop()
@@ -70,7 +94,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             log.info("gateway_stopped", gateway_id=settings.gateway_id)
 
     app = FastAPI(title="llmq", version="0.1.0", lifespan=lifespan)
-    app.state.authenticator = ApiKeyAuthenticator(settings.api_keys)
+    app.state.authenticator = ApiKeyAuthenticator(settings.api_keys, settings.teams)
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(models.router)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from gateway.errors import ApiError
+from gateway.services.quota import TeamPolicy
 
 
 @dataclass(frozen=True)
 class Team:
     name: str
+    policy: TeamPolicy = field(default_factory=TeamPolicy)
 
 
 def hash_key(key: str) -> str:
@@ -20,8 +22,18 @@ def hash_key(key: str) -> str:
 
 
 class ApiKeyAuthenticator:
-    def __init__(self, keys: dict[str, str]) -> None:
-        self._teams_by_hash = {hash_key(key): Team(team) for key, team in keys.items()}
+    """Plain development keys plus each team's configured key hashes."""
+
+    def __init__(self, keys: dict[str, str], policies: dict[str, TeamPolicy] | None = None) -> None:
+        policies = policies or {}
+
+        def team(name: str) -> Team:
+            return Team(name, policies.get(name, TeamPolicy()))
+
+        self._teams_by_hash = {hash_key(key): team(name) for key, name in keys.items()}
+        for name, policy in policies.items():
+            for digest in policy.key_sha256:
+                self._teams_by_hash[digest] = team(name)
 
     def team_for(self, authorization: str | None) -> Team:
         scheme, _, key = (authorization or "").partition(" ")

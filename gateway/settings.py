@@ -7,6 +7,8 @@ import uuid
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.services.quota import TeamPolicy
+
 
 class Deployment(BaseModel):
     """A model the gateway serves and the pool of workers that runs it."""
@@ -19,6 +21,8 @@ class Deployment(BaseModel):
     """The worker pool whose job topics carry this model's requests."""
     max_model_len: int = 2048
     """Prompt plus output tokens the engine accepts for one request."""
+    ttft_slo_s: float = 1.0
+    """Interactive requests whose predicted time to first token exceeds this get 429."""
 
 
 class GatewaySettings(BaseSettings):
@@ -41,7 +45,21 @@ class GatewaySettings(BaseSettings):
     deployments: list[Deployment] = []
     """Served models (JSON list); the first is the default model checked by /readyz."""
     api_keys: dict[str, str] = {"sk-llmq-dev": "dev"}
-    """Bearer API key -> team (JSON object). Keys are kept only as SHA-256 hashes in memory."""
+    """Bearer API key -> team (JSON object), for development. Keys are kept only as SHA-256
+    hashes in memory; production configures `teams` with key hashes instead."""
+    teams: dict[str, TeamPolicy] = {}
+    """Team -> weight, tokens per minute and SHA-256 hashes of its keys (JSON object). Teams
+    not listed get the default policy."""
+    admission_overhead_s: float = 0.05
+    """Fixed part of the predicted TTFT (queue hops, first decode step)."""
+    fallback_prefill_tokens_per_s: float = 2000.0
+    """Prefill rate assumed for a pool whose workers have not measured one yet."""
+    routing_prefix_blocks: int = 4
+    """Leading prompt blocks hashed to choose the partition (prefix-cache affinity)."""
+    routing_block_size: int = 128
+    """Tokens per block in that hash; match the engine's KV block size (128 on the CPU)."""
+    routing_load_factor: float = 1.25
+    """A partition whose owner is above this times the pool's mean load is walked past."""
     request_timeout_s: float = 600.0
     """Deadline of an interactive request, from arrival to its last token."""
     replica_refresh_s: float = 0.5

@@ -32,6 +32,10 @@ def worker_group(pool: str) -> str:
     return f"llmq.workers.{pool}"
 
 
+QUOTA_GROUP = "llmq.gateways.quota"
+"""Consumer group of every gateway's quota reconciler on the usage topic."""
+
+
 def reply_channel(gateway_id: str) -> str:
     """Redis pub/sub channel carrying token events for every request one gateway holds."""
     return f"llmq:reply:{gateway_id}"

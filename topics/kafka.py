@@ -8,6 +8,8 @@ created explicitly (auto-created topics get the wrong partition count).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -15,6 +17,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas.messages import InferenceJob, UsageRecord
 from topics import catalog
+from topics.catalog import PriorityClass
 from topics.ports import JobReceipt
 
 log = structlog.get_logger()
@@ -79,12 +82,21 @@ class KafkaJobQueue:
 
     def __init__(self, producer: KafkaProducer) -> None:
         self._producer = producer
+        self._partitions: dict[str, int] = {}
 
     async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
         topic = catalog.job_topic(job.pool, job.tier)
         return await self._producer.send(
             topic, job.to_bytes(), key=job.request_id.encode(), partition=partition
         )
+
+    async def partitions(self, pool: str, tier: PriorityClass) -> int:
+        topic = catalog.job_topic(pool, tier)
+        count = self._partitions.get(topic)
+        if count is None:
+            count = len(await self._producer.partitions_for(topic))
+            self._partitions[topic] = count
+        return count
 
 
 class KafkaUsageSink:
@@ -95,6 +107,37 @@ class KafkaUsageSink:
 
     async def record(self, usage: UsageRecord) -> None:
         await self._producer.send(catalog.USAGE_TOPIC, usage.to_bytes(), key=usage.team.encode())
+
+
+class KafkaUsageStream:
+    """The usage topic, read by one consumer group (e.g. every gateway's quota reconciler)."""
+
+    def __init__(self, bootstrap: str, group_id: str, client_id: str) -> None:
+        self._consumer = AIOKafkaConsumer(
+            catalog.USAGE_TOPIC,
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+            fetch_max_wait_ms=100,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        )
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def records(self) -> AsyncIterator[bytes]:
+        async for record in self._consumer:
+            if record.value is not None:
+                yield record.value
+
+    async def commit(self) -> None:
+        await self._consumer.commit()
 
 
 def job_consumer(bootstrap: str, pool: str, client_id: str) -> AIOKafkaConsumer:

@@ -39,6 +39,10 @@ class JobQueue(Protocol):
         """Produce a job durably (acks=all) and return where it landed."""
         ...
 
+    async def partitions(self, pool: str, tier: PriorityClass) -> int:
+        """How many partitions the pool's job topic for this class has."""
+        ...
+
 
 class ReplySubscription(Protocol):
     """The events of one request, in order, as they reach this gateway."""
@@ -91,6 +95,12 @@ class QueueBacklog(Protocol):
     """Prompt tokens queued per pool and priority class, for TTFT-based admission."""
 
     async def add(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
+
+    async def try_add(
+        self, pool: str, tier: PriorityClass, prompt_tokens: int, limit: int
+    ) -> tuple[bool, int]:
+        """Add atomically if the queue is empty or stays within `limit`; (added, queued)."""
+        ...
 
     async def remove(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
 

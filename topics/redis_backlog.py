@@ -20,6 +20,18 @@ return left
 """
 
 
+# KEYS[1]: the counter. ARGV: tokens, limit, ttl in ms. Adds the tokens when the queue is
+# empty or stays within the limit; returns {1 if added else 0, the tokens queued before}.
+_TRY_ADD = """
+local queued = tonumber(redis.call('GET', KEYS[1])) or 0
+if queued > 0 and queued + tonumber(ARGV[1]) > tonumber(ARGV[2]) then
+  return {0, queued}
+end
+redis.call('SET', KEYS[1], queued + tonumber(ARGV[1]), 'PX', ARGV[3])
+return {1, queued}
+"""
+
+
 class RedisBacklog:
     """Queued prompt tokens as Redis counters (INCRBY on add, clamped DECRBY on remove)."""
 
@@ -27,6 +39,7 @@ class RedisBacklog:
         self._redis = redis
         self._idle_ttl_ms = idle_ttl_s * 1000
         self._remove = redis.register_script(_REMOVE)
+        self._try_add = redis.register_script(_TRY_ADD)
 
     async def add(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None:
         if prompt_tokens <= 0:
@@ -36,6 +49,19 @@ class RedisBacklog:
             pipe.incrby(key, prompt_tokens)
             pipe.pexpire(key, self._idle_ttl_ms)
             await pipe.execute()
+
+    async def try_add(
+        self, pool: str, tier: PriorityClass, prompt_tokens: int, limit: int
+    ) -> tuple[bool, int]:
+        """Atomically queue the tokens if the backlog stays within `limit` (or is empty).
+
+        Returns whether they were added and the tokens queued before: concurrent admissions
+        on any number of gateways can never together overshoot the limit.
+        """
+        added, queued = await self._try_add(
+            keys=[backlog_key(pool, tier)], args=[prompt_tokens, limit, self._idle_ttl_ms]
+        )
+        return bool(added), int(queued)
 
     async def remove(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None:
         if prompt_tokens <= 0:

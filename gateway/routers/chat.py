@@ -45,8 +45,8 @@ async def create_chat_completion(
     team: Annotated[Team, Depends(current_team)],
     service: Annotated[ChatService, Depends(_service)],
 ) -> StreamingResponse | JSONResponse:
-    job = service.build_job(body, team)
-    active = await service.start(job)
+    active = await service.start(body, team)
+    job = active.job
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(

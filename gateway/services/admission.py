@@ -76,6 +76,19 @@ class AdmissionController:
         self.predictor = predictor or TtftPredictor()
         self.default_slo_s = default_slo_s
 
+    def queue_limit(
+        self, *, prompt_tokens: int, prefill_tokens_per_s: float, slo_s: float | None = None
+    ) -> int:
+        """The most queued prompt tokens (this request's included) that still meet the SLO.
+
+        The backlog adapter applies it atomically, so concurrent admissions cannot overshoot.
+        """
+        rate = self.predictor.rate(prefill_tokens_per_s)
+        overhead = self.predictor.overhead_s
+        idle_ttft = overhead + prompt_tokens / rate
+        budget_s = max(self.default_slo_s if slo_s is None else slo_s, idle_ttft)
+        return math.floor((budget_s - overhead) * rate + _EPSILON)
+
     def decide(
         self,
         *,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -13,8 +12,7 @@ import structlog
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
-from gateway.services.registry import ModelRegistry
-from gateway.services.render import ChatRenderer
+from gateway.services.intake import JobIntake
 from schemas.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -31,11 +29,10 @@ from schemas.messages import (
     ErrorEvent,
     FinishEvent,
     InferenceJob,
-    SamplingSettings,
     TokenEvent,
     UsageCounts,
 )
-from topics.ports import CancelBus, JobQueue, ReplyEventT, ReplyRelay, ReplySubscription
+from topics.ports import CancelBus, ReplyEventT, ReplyRelay, ReplySubscription
 
 log = structlog.get_logger()
 
@@ -46,24 +43,6 @@ def completion_usage(usage: UsageCounts) -> CompletionUsage:
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
-    )
-
-
-def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
-    fmt = request.response_format
-    json_schema = None
-    if fmt is not None and fmt.type == "json_schema":
-        json_schema = fmt.json_schema.schema_ or {"type": "object"}
-    return SamplingSettings(
-        max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        frequency_penalty=request.frequency_penalty or 0.0,
-        presence_penalty=request.presence_penalty or 0.0,
-        stop=tuple(request.stop_list),
-        seed=request.seed,
-        json_schema=json_schema,
-        json_object=fmt is not None and fmt.type == "json_object",
     )
 
 
@@ -84,76 +63,42 @@ class ActiveRequest:
 
 
 class ChatService:
+    """Chat completions over the queue: admit, produce, then relay the job's events."""
+
     def __init__(
         self,
-        registry: ModelRegistry,
-        renderer: ChatRenderer,
-        queue: JobQueue,
+        intake: JobIntake,
         relay: ReplyRelay,
         cancels: CancelBus,
         metrics: GatewayMetrics,
-        request_timeout_s: float,
     ) -> None:
-        self._registry = registry
-        self._renderer = renderer
-        self._queue = queue
+        self._intake = intake
         self._relay = relay
         self._cancels = cancels
         self._metrics = metrics
-        self._timeout_s = request_timeout_s
         self._background: set[asyncio.Task[None]] = set()
 
-    def build_job(self, request: ChatCompletionRequest, team: Team) -> InferenceJob:
-        """Resolve the model, render the prompt and check limits (404 / 400 / 503)."""
-        deployment = self._registry.resolve(request.model)
-        prompt = self._renderer.render(deployment.name, request.messages)
-        room = deployment.max_model_len - len(prompt)
-        wanted = request.output_limit
-        if room < 1 or (wanted is not None and wanted > room):
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {deployment.max_model_len} tokens. "
-                f"However, you requested {len(prompt) + (wanted or 1)} tokens "
-                f"({len(prompt)} in the messages, {wanted or 1} in the completion).",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        self._registry.require_ready(deployment)
-        now = time.time()
-        return InferenceJob(
-            request_id=f"chatcmpl-{uuid.uuid4().hex}",
-            team=team.name,
-            model=deployment.name,
-            pool=deployment.pool,
-            tier=request.tier,
-            prompt_token_ids=tuple(prompt),
-            sampling=sampling_settings(request, wanted or room),
-            stream=bool(request.stream),
-            created_at=now,
-            deadline=now + self._timeout_s,
-            reply_to=self._relay.channel,
-        )
-
-    async def start(self, job: InferenceJob) -> ActiveRequest:
-        """Listen for the job's events, then produce it (503 if the broker refuses)."""
+    async def start(self, request: ChatCompletionRequest, team: Team) -> ActiveRequest:
+        """Admit the request, listen for its events, then produce its job."""
+        try:
+            admitted = await self._intake.admit(request, team, self._relay.channel)
+        except ApiError as exc:
+            self._metrics.requests.labels(request.model, str(exc.status)).inc()
+            raise
+        job = admitted.job
         subscription = self._relay.open(job.request_id)
         try:
-            receipt = await self._queue.submit(job)
-        except Exception as exc:
+            receipt = await self._intake.produce(admitted)
+        except ApiError:
             self._relay.close(job.request_id)
-            self._metrics.requests.labels(job.model, "unavailable").inc()
-            log.warning("job_produce_failed", request_id=job.request_id, error=type(exc).__name__)
-            raise ApiError(
-                503,
-                "The request queue is unavailable; retry shortly.",
-                type_="server_error",
-                code="queue_unavailable",
-            ) from exc
+            self._metrics.requests.labels(job.model, "503").inc()
+            raise
         log.info(
             "job_produced",
             request_id=job.request_id,
             team=job.team,
             model=job.model,
+            tier=job.tier,
             partition=receipt.partition,
             offset=receipt.offset,
             prompt_tokens=len(job.prompt_token_ids),

@@ -89,7 +89,9 @@ class SimulationReport(BaseModel):
     """Measured requests that met both SLOs (TTFT and TPOT), over all measured requests."""
     goodput_rps: float
     output_tokens_per_s: float
+    """Tokens produced by the whole pool during the window."""
     completed_rps: float
+    """Requests (measured or not) finished during the window, per second."""
     prompt_cache_hit_rate: float | None
     kv_use_mean: float | None
     kv_use_max: float | None
@@ -115,6 +117,15 @@ class _Measured:
     generated: int = 0
     cached: int = 0
     preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Pool-wide totals over the measured window, every request included."""
+
+    compute_share: float
+    tokens: int
+    completed: int
 
 
 def _profile(s: SimulationSettings) -> ReplicaProfile:
@@ -169,7 +180,7 @@ def run_simulation(settings: SimulationSettings) -> SimulationReport:
         heapq.heappush(events, (now + result.duration_s, 0, counter, index))
 
     now = 0.0
-    arrivals = 0
+    arrivals = window_tokens = window_done = 0
     while events:
         now, kind, _, index = heapq.heappop(events)
         if now > stop_at or (now >= window_end and pending == 0 and arrivals > 0):
@@ -195,7 +206,11 @@ def run_simulation(settings: SimulationSettings) -> SimulationReport:
                 counter += 1
                 heapq.heappush(events, (now + s.sample_interval_s, 2, counter, -1))
         else:
-            for seq in results.pop(index).emitted:
+            emitted = results.pop(index).emitted
+            if s.warmup_s <= now < window_end:
+                window_tokens += len(emitted)
+                window_done += sum(1 for seq in emitted if seq.state == "done")
+            for seq in emitted:
                 record = measured.get(seq.request_id)
                 if record is None:
                     continue
@@ -208,9 +223,9 @@ def run_simulation(settings: SimulationSettings) -> SimulationReport:
             stepping[index] = False
             if engines[index].has_work:
                 start_step(index, now)
-    compute_share = compute_s / (s.replicas * s.duration_s)
+    window = _Window(compute_s / (s.replicas * s.duration_s), window_tokens, window_done)
     wall_s = time.perf_counter() - started
-    return _summarise(s, profile, measured, samples, compute_share, now, wall_s)
+    return _summarise(s, profile, measured, samples, window, now, wall_s)
 
 
 def _summarise(
@@ -218,13 +233,14 @@ def _summarise(
     profile: ReplicaProfile,
     measured: dict[str, _Measured],
     samples: list[tuple[float, float, bool]],
-    compute_share: float,
+    window: _Window,
     simulated_s: float,
     wall_s: float,
 ) -> SimulationReport:
     records = list(measured.values())
     done = [r for r in records if r.done is not None and r.first is not None]
-    ttft = [r.first - r.arrival for r in records if r.first is not None]
+    # A request still without a token at the end counts with its wait so far (a lower bound).
+    ttft = [(simulated_s if r.first is None else r.first) - r.arrival for r in records]
     tpot = {
         id(r): (r.done - r.first) / (r.generated - 1)  # type: ignore[operator]
         for r in done
@@ -251,8 +267,8 @@ def _summarise(
         tpot_p99_s=percentile(tpot.values(), 99),
         goodput_share=len(good) / len(records) if records else None,
         goodput_rps=len(good) / s.duration_s,
-        output_tokens_per_s=sum(r.generated for r in done) / s.duration_s,
-        completed_rps=len(done) / s.duration_s,
+        output_tokens_per_s=window.tokens / s.duration_s,
+        completed_rps=window.completed / s.duration_s,
         prompt_cache_hit_rate=(
             sum(r.cached for r in records if r.first is not None) / prompt_total
             if prompt_total
@@ -262,7 +278,7 @@ def _summarise(
         kv_use_max=max((k for k, _, _ in samples), default=None),
         running_mean=mean([float(r) for _, r, _ in samples]),
         busy_share=mean([1.0 if b else 0.0 for _, _, b in samples]),
-        compute_share=compute_share,
+        compute_share=window.compute_share,
         preemptions=sum(r.preemptions for r in records),
         simulated_s=simulated_s,
         wall_s=wall_s,

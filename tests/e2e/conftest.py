@@ -3,6 +3,7 @@ the gateway, each a real process on free loopback ports, started once per sessio
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from topics.kafka import ensure_topics
 MODEL = "tiny-llama"
 POOL = "tiny"
 API_KEY = "sk-e2e-test"
+SMALL_TEAM_KEY = "sk-e2e-small-team"
+SMALL_TEAM_TOKENS_PER_MINUTE = 200
+STRICT_MODEL = "tiny-llama-strict"
+"""The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
 MAX_MODEL_LEN = 2048
 
 
@@ -62,9 +67,31 @@ def stack(
         "LLMQ_HOST": services.LOCALHOST,
         "LLMQ_PORT": str(port),
         "LLMQ_DEPLOYMENTS": json.dumps(
-            [{"name": MODEL, "path": str(model_path), "pool": POOL, "max_model_len": MAX_MODEL_LEN}]
+            [
+                {
+                    "name": MODEL,
+                    "path": str(model_path),
+                    "pool": POOL,
+                    "max_model_len": MAX_MODEL_LEN,
+                },
+                {
+                    "name": STRICT_MODEL,
+                    "path": str(model_path),
+                    "pool": POOL,
+                    "max_model_len": MAX_MODEL_LEN,
+                    "ttft_slo_s": 0.001,
+                },
+            ]
         ),
         "LLMQ_API_KEYS": json.dumps({API_KEY: "e2e"}),
+        "LLMQ_TEAMS": json.dumps(
+            {
+                "small": {
+                    "tokens_per_minute": SMALL_TEAM_TOKENS_PER_MINUTE,
+                    "key_sha256": [hashlib.sha256(SMALL_TEAM_KEY.encode()).hexdigest()],
+                }
+            }
+        ),
     }
     worker = services.start_llmq("worker", worker_env, logs / "worker.log")
     gateway = services.start_llmq("gateway", gateway_env, logs / "gateway.log")

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
 from schemas.messages import InferenceJob, ReplicaHeartbeat, UsageRecord
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import STRICT_MODEL, Stack
 from tests.polling import eventually
 from topics import catalog
 
@@ -24,7 +24,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 def test_models_are_listed(client: openai.OpenAI, stack: Stack) -> None:
-    assert [m.id for m in client.models.list().data] == [stack.model]
+    assert [m.id for m in client.models.list().data] == [stack.model, STRICT_MODEL]
 
 
 def test_non_streaming_completion_has_consistent_usage(client: openai.OpenAI) -> None:

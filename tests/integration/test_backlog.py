@@ -66,3 +66,20 @@ async def test_counters_expire_when_the_pool_is_idle(redis: Redis, pool: str) ->
     assert 25_000 < await redis.pttl(backlog_key(pool, "interactive")) <= 30_000
     await backlog.add(pool, "interactive", 0)  # no-op
     assert await backlog.queued(pool, "interactive") == 5
+
+
+async def test_concurrent_admissions_never_overshoot_the_limit(redis_url: str) -> None:
+    redis = Redis.from_url(redis_url)
+    backlog = RedisBacklog(redis)
+    pool = f"adm-{uuid.uuid4().hex[:6]}"
+    try:
+        results = await asyncio.gather(
+            *(backlog.try_add(pool, "interactive", 100, limit=1_000) for _ in range(50))
+        )
+        added = [queued for ok, queued in results if ok]
+        assert len(added) == 10  # the first lands on an empty queue, nine more fit
+        assert await backlog.queued(pool, "interactive") == 1_000
+        refused = [queued for ok, queued in results if not ok]
+        assert refused and all(q == 1_000 for q in refused)
+    finally:
+        await redis.aclose()

@@ -10,9 +10,13 @@ import pytest
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
+from gateway.services.admission import AdmissionController
 from gateway.services.chat import ChatService
+from gateway.services.intake import JobIntake
+from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.render import ChatRenderer
+from gateway.services.routing import PartitionRouter
 from gateway.settings import Deployment
 from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
 from schemas.messages import (
@@ -23,7 +27,7 @@ from schemas.messages import (
     TokenEvent,
     UsageCounts,
 )
-from topics.ports import JobReceipt
+from topics.ports import BucketDecision, JobReceipt
 from topics.redis_relay import RedisReplyRelay
 
 
@@ -53,9 +57,11 @@ class ScriptedQueue:
         self.relay = relay
         self.texts = texts
         self.jobs: list[InferenceJob] = []
+        self.partitions_used: list[int | None] = []
 
     async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
         self.jobs.append(job)
+        self.partitions_used.append(partition)
         for seq, text in enumerate(self.texts):
             event = TokenEvent(request_id=job.request_id, seq=seq, text=text, num_tokens=1)
             self.relay.deliver(event.to_bytes())
@@ -66,6 +72,40 @@ class ScriptedQueue:
             FinishEvent(request_id=job.request_id, finish_reason="stop", usage=usage).to_bytes()
         )
         return JobReceipt(topic="t", partition=0, offset=len(self.jobs) - 1)
+
+    async def partitions(self, pool: str, tier: str) -> int:
+        return 4
+
+
+class Backlog:
+    def __init__(self) -> None:
+        self.tokens: dict[tuple[str, str], int] = {}
+
+    async def add(self, pool: str, tier: str, prompt_tokens: int) -> None:
+        self.tokens[(pool, tier)] = self.tokens.get((pool, tier), 0) + prompt_tokens
+
+    async def try_add(
+        self, pool: str, tier: str, prompt_tokens: int, limit: int
+    ) -> tuple[bool, int]:
+        queued = self.tokens.get((pool, tier), 0)
+        if queued > 0 and queued + prompt_tokens > limit:
+            return False, queued
+        self.tokens[(pool, tier)] = queued + prompt_tokens
+        return True, queued
+
+    async def remove(self, pool: str, tier: str, prompt_tokens: int) -> None:
+        self.tokens[(pool, tier)] = max(self.tokens.get((pool, tier), 0) - prompt_tokens, 0)
+
+    async def queued(self, pool: str, tier: str) -> int:
+        return self.tokens.get((pool, tier), 0)
+
+
+class OpenBucket:
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        return BucketDecision(allowed=True, remaining=10**9, retry_after_s=0)
+
+    async def refund(self, team: str, tokens: int, tokens_per_minute: int) -> None:
+        return None
 
 
 class SilentQueue(ScriptedQueue):
@@ -86,23 +126,31 @@ class Cancels:
 
 
 async def _service(
-    queue_cls: type[ScriptedQueue] = ScriptedQueue, ready: bool = True
+    queue_cls: type[ScriptedQueue] = ScriptedQueue,
+    ready: bool = True,
+    backlog: Backlog | None = None,
+    bucket: OpenBucket | None = None,
+    max_model_len: int = 20,
 ) -> tuple[ChatService, ScriptedQueue, Cancels]:
     relay = RedisReplyRelay(redis=None, gateway_id="g")  # type: ignore[arg-type]
     view = ReplicaView(Directory("p") if ready else Directory(), refresh_s=1)
     await view.refresh()
-    registry = ModelRegistry([Deployment(name="m", path="/none", pool="p", max_model_len=20)], view)
+    registry = ModelRegistry(
+        [Deployment(name="m", path="/none", pool="p", max_model_len=max_model_len)], view
+    )
     queue = queue_cls(relay, ["Hel", "lo"])
     cancels = Cancels()
-    service = ChatService(
+    intake = JobIntake(
         registry,
         ChatRenderer({"m": CharTokenizer()}),
         queue,
-        relay,
-        cancels,
-        GatewayMetrics(),
+        backlog or Backlog(),
+        AdmissionController(),
+        QuotaService(bucket or OpenBucket()),
+        PartitionRouter(),
         request_timeout_s=5,
     )
+    service = ChatService(intake, relay, cancels, GatewayMetrics())
     return service, queue, cancels
 
 
@@ -114,11 +162,11 @@ def _req(content: str = "hi", **extra: Any) -> ChatCompletionRequest:
 
 async def test_job_carries_prompt_limits_and_reply_channel() -> None:
     service, _, _ = await _service()
-    job = service.build_job(_req(max_tokens=3, temperature=0), Team("t"))
+    job = (await service.start(_req(max_tokens=3, temperature=0), Team("t"))).job
     assert job.prompt_token_ids == (ord("h"), ord("i"))
     assert job.sampling.max_tokens == 3 and job.sampling.temperature == 0
     assert job.reply_to == "llmq:reply:g" and job.team == "t" and job.pool == "p"
-    default = service.build_job(_req(), Team("t"))
+    default = (await service.start(_req(), Team("t"))).job
     assert default.sampling.max_tokens == 18  # the rest of the context
 
 
@@ -133,20 +181,20 @@ async def test_job_carries_prompt_limits_and_reply_channel() -> None:
 async def test_refusals(req: ChatCompletionRequest, status: int, code: str) -> None:
     service, _, _ = await _service()
     with pytest.raises(ApiError) as info:
-        service.build_job(req, Team("t"))
+        await service.start(req, Team("t"))
     assert (info.value.status, info.value.code) == (status, code)
 
 
 async def test_no_ready_replica_is_503() -> None:
     service, _, _ = await _service(ready=False)
     with pytest.raises(ApiError) as info:
-        service.build_job(_req(), Team("t"))
+        await service.start(_req(), Team("t"))
     assert info.value.status == 503
 
 
 async def test_stream_chunks_in_openai_order_with_usage() -> None:
     service, _, cancels = await _service()
-    active = await service.start(service.build_job(_req(), Team("t")))
+    active = await service.start(_req(), Team("t"))
     items = [c async for c in service.stream_chunks(active, include_usage=True)]
     chunks = [c for c in items if isinstance(c, ChatCompletionChunk)]
     assert len(chunks) == len(items) == 5
@@ -160,7 +208,7 @@ async def test_stream_chunks_in_openai_order_with_usage() -> None:
 
 async def test_complete_buffers_one_completion() -> None:
     service, _, _ = await _service()
-    active = await service.start(service.build_job(_req(), Team("t")))
+    active = await service.start(_req(), Team("t"))
     completion = await service.complete(active)
     assert completion.choices[0].message.content == "Hello"
     assert completion.usage is not None and completion.usage.total_tokens == 4
@@ -168,7 +216,7 @@ async def test_complete_buffers_one_completion() -> None:
 
 async def test_abandoned_stream_is_cancelled() -> None:
     service, queue, cancels = await _service(SilentQueue)
-    active = await service.start(service.build_job(_req(), Team("t")))
+    active = await service.start(_req(), Team("t"))
     stream = service.stream_chunks(active, include_usage=False)
     await anext(stream)  # the role chunk; then the client goes away
     await stream.aclose()
@@ -178,3 +226,53 @@ async def test_abandoned_stream_is_cancelled() -> None:
             break
         await asyncio.sleep(0)
     assert cancels.cancelled == [queue.jobs[0].request_id]
+
+
+class EmptyBucket(OpenBucket):
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        return BucketDecision(allowed=False, remaining=0, retry_after_s=7)
+
+
+async def test_overloaded_pool_sheds_interactive_with_a_computed_retry_after() -> None:
+    backlog = Backlog()
+    await backlog.add("p", "interactive", 9_000)  # 4.5 s of prefill at the 2,000 tok/s fallback
+    service, queue, _ = await _service(backlog=backlog)
+    with pytest.raises(ApiError) as info:
+        await service.start(_req(), Team("t"))
+    assert info.value.status == 429 and info.value.code == "overloaded"
+    assert info.value.headers is not None
+    assert info.value.headers["Retry-After"] == "4"  # (9,002 - 0.95 x 2,000) / 2,000 -> 4
+    assert queue.jobs == []  # nothing was queued
+    assert await backlog.queued("p", "interactive") == 9_000  # and nothing counted
+    batch = await service.start(_req(tier="batch"), Team("t"))  # batch waits, never refused
+    assert batch.job.tier == "batch"
+
+
+async def test_team_over_quota_gets_429_and_nothing_is_queued() -> None:
+    backlog = Backlog()
+    service, queue, _ = await _service(bucket=EmptyBucket(), backlog=backlog)
+    with pytest.raises(ApiError) as info:
+        await service.start(_req(), Team("t"))
+    assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
+    assert info.value.headers == {"Retry-After": "7"}
+    assert queue.jobs == []
+    assert backlog.tokens == {("p", "interactive"): 0}  # the admission's tokens were returned
+
+
+async def test_shared_prefix_lands_on_one_partition_and_reserves_quota() -> None:
+    service, queue, _ = await _service(max_model_len=4096)
+    system = "s" * 600
+    for question in ("a?", "bb?", "ccc?"):
+        req = ChatCompletionRequest.model_validate(
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": question},
+                ],
+            }
+        )
+        await service.start(req, Team("t"))
+    assert len(set(queue.partitions_used)) == 1
+    assert queue.jobs[0].reserved_tokens == len(queue.jobs[0].prompt_token_ids) + 5

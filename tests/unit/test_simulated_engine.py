@@ -232,3 +232,23 @@ async def test_a_prompt_longer_than_the_context_is_rejected() -> None:
             await collect(engine, job("big", [1] * 200, max_tokens=1))
     finally:
         await engine.shutdown()
+
+
+# -- the in-process pool (llmq.bench.simulate) ------------------------------------------------
+
+
+def test_a_small_simulated_pool_meets_its_slos_and_reports_cache_hits() -> None:
+    from llmq.bench.simulate import SimulationSettings, format_simulation, run_simulation
+
+    settings = SimulationSettings(
+        model="llama-8b", tensor_parallel=1, replicas=2, rate=20.0, prompt_tokens=512,
+        output_tokens=40, shared_prefix_tokens=256, prefixes=2, warmup_s=2.0, duration_s=4.0,
+    )  # fmt: skip
+    report = run_simulation(settings)
+    assert report.requests > 40 and report.completed == report.requests
+    assert report.goodput_share == 1.0
+    assert report.ttft_p50_s is not None and 0.0 < report.ttft_p50_s < 0.8
+    assert report.tpot_p99_s is not None and report.tpot_p99_s < 0.04
+    assert report.prompt_cache_hit_rate == pytest.approx(256 / 512, abs=0.05)
+    assert report.output_tokens_per_s == pytest.approx(20.0 * 40, rel=0.3)
+    assert "SIMULATION" in format_simulation(report)

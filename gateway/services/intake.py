@@ -1,0 +1,206 @@
+"""Intake: a request becomes a queued job, or is refused before anything is queued.
+
+In order: resolve the model (404), render the prompt and check the context (400), require a
+ready replica (503), predict TTFT against the pool's SLO (429 with a computed Retry-After;
+interactive only), reserve the team's tokens (429), choose the partition (prefix affinity with
+bounded load), and finally produce the job (503 when the broker refuses, with the quota
+reservation released).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.auth import Team
+from gateway.errors import ApiError
+from gateway.services.admission import AdmissionController, pool_prefill_rate
+from gateway.services.quota import QuotaService
+from gateway.services.registry import ModelRegistry
+from gateway.services.render import ChatRenderer
+from gateway.services.routing import PartitionRouter
+from schemas.chat import ChatCompletionRequest
+from schemas.messages import InferenceJob, SamplingSettings
+from topics import catalog
+from topics.ports import JobQueue, JobReceipt, QueueBacklog
+
+log = structlog.get_logger()
+
+
+def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
+    fmt = request.response_format
+    json_schema = None
+    if fmt is not None and fmt.type == "json_schema":
+        json_schema = fmt.json_schema.schema_ or {"type": "object"}
+    return SamplingSettings(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
+        stop=tuple(request.stop_list),
+        seed=request.seed,
+        json_schema=json_schema,
+        json_object=fmt is not None and fmt.type == "json_object",
+    )
+
+
+def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:
+    return ApiError(
+        429,
+        message,
+        type_="rate_limit_error",
+        code=code,
+        headers={"Retry-After": str(max(retry_after_s, 1))},
+    )
+
+
+@dataclass(frozen=True)
+class AdmittedJob:
+    job: InferenceJob
+    partition: int | None
+
+
+class JobIntake:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        renderer: ChatRenderer,
+        queue: JobQueue,
+        backlog: QueueBacklog,
+        admission: AdmissionController,
+        quota: QuotaService,
+        router: PartitionRouter,
+        request_timeout_s: float,
+    ) -> None:
+        self._registry = registry
+        self._renderer = renderer
+        self._queue = queue
+        self._backlog = backlog
+        self._admission = admission
+        self._quota = quota
+        self._router = router
+        self._timeout_s = request_timeout_s
+
+    async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
+        """Everything up to producing: refusals are raised as `ApiError`s."""
+        deployment = self._registry.resolve(request.model)
+        prompt = self._renderer.render(deployment.name, request.messages)
+        room = deployment.max_model_len - len(prompt)
+        wanted = request.output_limit
+        if room < 1 or (wanted is not None and wanted > room):
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {deployment.max_model_len} tokens. "
+                f"However, you requested {len(prompt) + (wanted or 1)} tokens "
+                f"({len(prompt)} in the messages, {wanted or 1} in the completion).",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        self._registry.require_ready(deployment)
+        replicas = self._registry.replicas.ready(deployment.pool)
+        max_tokens = wanted or room
+
+        pool, tier = deployment.pool, request.tier
+        if tier == "interactive":
+            rate = pool_prefill_rate(replicas)
+            limit = self._admission.queue_limit(
+                prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slo_s=deployment.ttft_slo_s
+            )
+            added, queued = await self._backlog.try_add(pool, tier, len(prompt), limit)
+            if not added:
+                decision = self._admission.decide(
+                    tier=tier,
+                    prompt_tokens=len(prompt),
+                    queued_tokens=queued,
+                    prefill_tokens_per_s=rate,
+                    slo_s=deployment.ttft_slo_s,
+                )
+                log.info(
+                    "request_shed",
+                    team=team.name,
+                    pool=deployment.pool,
+                    predicted_ttft_s=round(decision.predicted_ttft_s, 3),
+                )
+                raise too_many_requests(
+                    f"`{deployment.name}` is at capacity for interactive requests: the "
+                    f"predicted time to first token is {decision.predicted_ttft_s:.2f}s "
+                    f"against an SLO of {deployment.ttft_slo_s:.2f}s. Retry later, or use "
+                    'tier "batch".',
+                    decision.retry_after_s or 1,
+                    "overloaded",
+                )
+
+        else:
+            await self._backlog.add(pool, tier, len(prompt))  # batch waits: never refused
+
+        policy = team.policy
+        reservation = await self._quota.reserve_for(
+            team.name, policy.tokens_per_minute, len(prompt), max_tokens
+        )
+        if not reservation.allowed:
+            await self._backlog.remove(pool, tier, len(prompt))
+            if not reservation.satisfiable:
+                raise ApiError(
+                    429,
+                    f"This request needs {len(prompt) + max_tokens} tokens, more than your "
+                    f"team's quota of {policy.tokens_per_minute} tokens per minute; lower "
+                    "max_tokens.",
+                    type_="rate_limit_error",
+                    code="rate_limit_exceeded",
+                )
+            raise too_many_requests(
+                f"Rate limit reached for team {team.name}: {policy.tokens_per_minute} tokens "
+                f"per minute. Retry after {reservation.retry_after_s}s.",
+                reservation.retry_after_s,
+                "rate_limit_exceeded",
+            )
+
+        now = time.time()
+        job = InferenceJob(
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            team=team.name,
+            model=deployment.name,
+            pool=deployment.pool,
+            tier=request.tier,
+            team_weight=policy.weight,
+            prompt_token_ids=tuple(prompt),
+            sampling=sampling_settings(request, max_tokens),
+            reserved_tokens=len(prompt) + max_tokens,
+            stream=bool(request.stream),
+            created_at=now,
+            deadline=now + self._timeout_s,
+            reply_to=reply_to,
+        )
+        partitions = await self._queue.partitions(deployment.pool, request.tier)
+        route = self._router.choose(
+            pool=deployment.pool,
+            team=team.name,
+            prompt_token_ids=prompt,
+            adapter=None,
+            partitions=partitions,
+            replicas=replicas,
+            topic=catalog.job_topic(deployment.pool, request.tier),
+        )
+        return AdmittedJob(job=job, partition=route.partition)
+
+    async def produce(self, admitted: AdmittedJob) -> JobReceipt:
+        """Queue the job (503 if the broker refuses; the quota reservation is released)."""
+        job = admitted.job
+        try:
+            receipt = await self._queue.submit(job, partition=admitted.partition)
+        except Exception as exc:
+            log.warning("job_produce_failed", request_id=job.request_id, error=type(exc).__name__)
+            policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
+            await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
+            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids))
+            raise ApiError(
+                503,
+                "The request queue is unavailable; retry shortly.",
+                type_="server_error",
+                code="queue_unavailable",
+            ) from exc
+        return receipt
