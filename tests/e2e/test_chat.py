@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import jsonschema
@@ -92,13 +93,25 @@ def test_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI) -> No
     assert usages[1].prompt_tokens_details.cached_tokens <= usages[1].prompt_tokens  # type: ignore[union-attr]
 
 
-async def _running(redis_url: str) -> int:
-    redis = Redis.from_url(redis_url)
-    try:
-        raw = await redis.get(catalog.replica_key("e2e-worker-0"))
-    finally:
-        await redis.aclose()
-    return ReplicaHeartbeat.model_validate_json(raw).running if raw else -1
+class EngineLoad:
+    """Reads the worker's heartbeat over one Redis connection kept for the whole test."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._redis = Redis.from_url(redis_url, socket_connect_timeout=10)
+
+    async def running(self) -> int:
+        raw = await self._redis.get(catalog.replica_key("e2e-worker-0"))
+        return ReplicaHeartbeat.model_validate_json(raw).running if raw else -1
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+@pytest.fixture
+async def engine_load(stack: Stack) -> AsyncIterator[EngineLoad]:
+    load = EngineLoad(stack.redis_url)
+    yield load
+    await load.close()
 
 
 async def _cancelled_usage_since(stack: Stack, since: float) -> list[UsageRecord]:
@@ -122,7 +135,7 @@ async def _cancelled_usage_since(stack: Stack, since: float) -> list[UsageRecord
         await consumer.stop()
 
 
-async def test_cancelled_stream_frees_the_engine(stack: Stack) -> None:
+async def test_cancelled_stream_frees_the_engine(stack: Stack, engine_load: EngineLoad) -> None:
     t0 = time.time()
     client = openai.AsyncOpenAI(
         base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0
@@ -140,10 +153,10 @@ async def test_cancelled_stream_frees_the_engine(stack: Stack) -> None:
         if received >= 3:
             break
     # Still generating when we walk away (the heartbeat refreshes every 0.5 s).
-    await eventually(lambda: _running(stack.redis_url), lambda n: n >= 1, within=2.0)
+    await eventually(engine_load.running, lambda n: n >= 1, within=2.0)
     await stream.close()
     closed_at = time.monotonic()
-    await eventually(lambda: _running(stack.redis_url), lambda n: n == 0, within=2.0)
+    await eventually(engine_load.running, lambda n: n == 0, within=2.0)
     assert time.monotonic() - closed_at <= 2.5
     await client.close()
     (usage,) = await _cancelled_usage_since(stack, t0)
@@ -245,16 +258,18 @@ def test_metrics_count_requests(stack: Stack) -> None:
     assert "llmq_time_to_first_token_seconds_bucket" in text
 
 
-async def test_abandoned_non_streaming_request_frees_the_engine(stack: Stack) -> None:
+async def test_abandoned_non_streaming_request_frees_the_engine(
+    stack: Stack, engine_load: EngineLoad
+) -> None:
     t0 = time.time()
     body = {"model": stack.model, "messages": HELLO, "max_tokens": 1500}
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     async with httpx.AsyncClient(base_url=stack.base_url, headers=headers) as http:
         request = asyncio.create_task(http.post("/v1/chat/completions", json=body, timeout=30))
-        await eventually(lambda: _running(stack.redis_url), lambda n: n >= 1, within=5.0)
+        await eventually(engine_load.running, lambda n: n >= 1, within=5.0)
         request.cancel()  # the caller gives up and closes its connection
         with pytest.raises(asyncio.CancelledError):
             await request
-    await eventually(lambda: _running(stack.redis_url), lambda n: n == 0, within=2.0)
+    await eventually(engine_load.running, lambda n: n == 0, within=2.0)
     (usage,) = await _cancelled_usage_since(stack, t0)
     assert usage.completion_tokens < 1500
