@@ -68,7 +68,9 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
                 prefix_blocks=settings.routing_prefix_blocks,
                 block_size=settings.routing_block_size,
                 load_factor=settings.routing_load_factor,
-            ),
+            )
+            if settings.routing == "affinity"
+            else None,
             request_timeout_s=settings.request_timeout_s,
         )
         app.state.redis = redis

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +55,9 @@ class GatewaySettings(BaseSettings):
     """Fixed part of the predicted TTFT (queue hops, first decode step)."""
     fallback_prefill_tokens_per_s: float = 2000.0
     """Prefill rate assumed for a pool whose workers have not measured one yet."""
+    routing: Literal["affinity", "random"] = "affinity"
+    """How the partition (so the worker) is chosen: prefix affinity with bounded load, or
+    random (the broker's default partitioner; for comparisons)."""
     routing_prefix_blocks: int = 4
     """Leading prompt blocks hashed to choose the partition (prefix-cache affinity)."""
     routing_block_size: int = 128

@@ -148,5 +148,50 @@ def bench_overhead(
         write_json(report, json_path)
 
 
+@bench_app.command("load")
+def bench_load(
+    scenario: Annotated[
+        str, typer.Option(help="single, batch-flood (with/without) or team-flood (with/without).")
+    ] = "single",
+    settings_json: Annotated[
+        str, typer.Option("--settings", help="LoadSettings fields as JSON, e.g. rates, keys.")
+    ] = "{}",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """A mixed workload (interactive, batch flood, teams) against a running stack."""
+    from llmq.bench.load import SCENARIOS, format_comparison, run_load
+    from llmq.bench.load_model import LoadSettings, format_report
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False, level="WARNING")
+    settings = LoadSettings.model_validate_json(settings_json)
+    if scenario == "single":
+        report = run_load(settings)
+        typer.echo(format_report(report))
+        result = report.model_dump_json(indent=2)
+    elif scenario in SCENARIOS:
+        comparison = SCENARIOS[scenario](settings)
+        typer.echo(format_comparison(comparison))
+        result = comparison.model_dump_json(indent=2)
+    else:
+        raise typer.BadParameter(f"unknown scenario {scenario!r}", param_hint="--scenario")
+    if json_path is not None:
+        json_path.write_text(result + "\n")
+
+
+@bench_app.command("simulate")
+def bench_simulate(
+    settings_json: Annotated[
+        str, typer.Option("--settings", help="SimulationSettings fields as JSON.")
+    ] = "{}",
+) -> None:
+    """A SIMULATED pool of GPU replicas (step times from first principles, no model)."""
+    from llmq.bench.simulate import SimulationSettings, format_simulation, run_simulation
+
+    typer.echo(
+        format_simulation(run_simulation(SimulationSettings.model_validate_json(settings_json)))
+    )
+
+
 if __name__ == "__main__":
     app()

@@ -38,6 +38,8 @@ from llmq.services import (
     tcp_open,
     wait_ready,
 )
+from schemas.messages import ReplicaHeartbeat
+from topics import catalog
 
 log = structlog.get_logger()
 
@@ -75,10 +77,14 @@ class DevStackSettings(BaseSettings):
     """KV-cache memory of the worker's engine, in GiB."""
     partitions: int = 8
     """Partitions of each job topic."""
+    workers: int = 1
+    """Worker processes (engine replicas) in the pool; 2 shows partition routing at work."""
     api_key: str = "sk-llmq-dev"
     """The API key the local gateway accepts."""
     team: str = "dev"
     """Team the API key belongs to."""
+    extra_api_keys: dict[str, str] = {}
+    """More API keys -> teams (JSON), e.g. for `llmq bench load` with several teams."""
     ready_timeout_s: float = 600.0
     """Seconds to wait for the gateway's /readyz (the first start builds the model)."""
     log_json: bool = False
@@ -138,7 +144,9 @@ def _stop_all(parts: list[ManagedProcess]) -> None:
             print(f"stopped {part.name} (pid {part.pid})")
 
 
-def _worker_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -> dict[str, str]:
+def _worker_env(
+    settings: DevStackSettings, model_path: Path, bootstrap: str, index: int = 0
+) -> dict[str, str]:
     env = {
         "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
         "LLMQ_REDIS_URL": f"redis://{LOCALHOST}:{settings.redis_port}/0",
@@ -148,12 +156,14 @@ def _worker_env(settings: DevStackSettings, model_path: Path, bootstrap: str) ->
         "LLMQ_MAX_MODEL_LEN": str(settings.max_model_len),
         "LLMQ_MAX_NUM_SEQS": str(settings.max_num_seqs),
         "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
-        "LLMQ_REPLICA_ID": f"{settings.pool}-dev-0",
+        "LLMQ_REPLICA_ID": f"{settings.pool}-dev-{index}",
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
     }
     # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so
     # the worker need not re-execute itself to get it.
     env.update(engine_environment(settings.kv_cache_gib))
+    if settings.workers > 1:  # each engine's compute threads on a core of their own
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     return env
 
 
@@ -171,7 +181,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "LLMQ_HOST": settings.host,
         "LLMQ_PORT": str(settings.port),
         "LLMQ_DEPLOYMENTS": json.dumps([deployment]),
-        "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team}),
+        "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team, **settings.extra_api_keys}),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
     }
 
@@ -254,21 +264,41 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     except Exception as exc:
         raise ServiceStartError("topics", f"creating topics failed: {exc!r}") from exc
 
-    print("starting worker and gateway (first engine start can take a few minutes) ...")
-    worker = start_llmq(
-        "worker", _worker_env(settings, model_path, bootstrap), _fresh_log("worker")
-    )
-    record(worker)
+    print("starting workers and gateway (first engine start can take a few minutes) ...")
+    workers: list[ManagedProcess] = []
+    for index in range(settings.workers):
+        name = "worker" if settings.workers == 1 else f"worker-{index}"
+        env = _worker_env(settings, model_path, bootstrap, index)
+        workers.append(start_llmq("worker", env, _fresh_log(name), name=name))
+        record(workers[-1])
     gateway_env = _gateway_env(settings, model_path, bootstrap)
     gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
     record(gateway)
     readyz = f"{settings.gateway_url}/readyz"
     wait_ready(
-        lambda: http_status(readyz) == 200,
+        lambda: http_status(readyz) == 200 and _all_heartbeating(settings),
         settings.ready_timeout_s,
-        [gateway, worker],
-        f"{readyz} to answer 200",
+        [gateway, *workers],
+        f"{readyz} to answer 200 and {settings.workers} worker(s) to heartbeat",
     )
+
+
+def _all_heartbeating(settings: DevStackSettings) -> bool:
+    """Every worker of the stack has a ready heartbeat (readyz needs only one)."""
+    import redis
+
+    client = redis.Redis(host=LOCALHOST, port=settings.redis_port, socket_timeout=2)
+    try:
+        ready = 0
+        for key in client.scan_iter(match=catalog.REPLICA_KEY_PATTERN):
+            raw = client.get(key)
+            if raw and ReplicaHeartbeat.model_validate_json(raw).state == "ready":
+                ready += 1
+        return ready >= settings.workers
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 def _print_ready(settings: DevStackSettings) -> None:

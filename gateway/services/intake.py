@@ -73,7 +73,7 @@ class JobIntake:
         backlog: QueueBacklog,
         admission: AdmissionController,
         quota: QuotaService,
-        router: PartitionRouter,
+        router: PartitionRouter | None,
         request_timeout_s: float,
     ) -> None:
         self._registry = registry
@@ -175,6 +175,8 @@ class JobIntake:
             deadline=now + self._timeout_s,
             reply_to=reply_to,
         )
+        if self._router is None:  # random routing: the broker's partitioner decides
+            return AdmittedJob(job=job, partition=None)
         partitions = await self._queue.partitions(deployment.pool, request.tier)
         route = self._router.choose(
             pool=deployment.pool,

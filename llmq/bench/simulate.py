@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import random
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -321,14 +320,3 @@ def format_simulation(report: SimulationReport) -> str:
             f"({report.simulated_s:.1f} simulated s in {report.wall_s:.1f} wall s)",
         ]
     )
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m llmq.bench.simulate ['{"rate": 150}']``: settings as JSON, table out."""
-    args = sys.argv[1:] if argv is None else argv
-    settings = SimulationSettings.model_validate_json(args[0]) if args else SimulationSettings()
-    print(format_simulation(run_simulation(settings)))
-
-
-if __name__ == "__main__":
-    main()
