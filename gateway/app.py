@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.auth import ApiKeyAuthenticator
 from gateway.errors import install_error_handlers
@@ -38,7 +38,12 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client_id = f"gateway-{settings.gateway_id}"
-        redis = Redis.from_url(settings.redis_url)
+        # Requests wait for a free connection instead of failing under a burst.
+        redis = Redis(
+            connection_pool=BlockingConnectionPool.from_url(
+                settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
+            )
+        )
         producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
         relay = RedisReplyRelay(redis, settings.gateway_id)
         replicas = ReplicaView(RedisReplicaDirectory(redis), settings.replica_refresh_s)

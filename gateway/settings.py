@@ -35,6 +35,8 @@ class GatewaySettings(BaseSettings):
     """Kafka bootstrap servers (host:port, comma-separated)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis (or Valkey) for the token relay, cancels and heartbeats."""
+    redis_max_connections: int = 128
+    """Redis connections of this gateway (the pub/sub relay holds one of them)."""
     s3_endpoint_url: str | None = None
     """S3 API endpoint for files and batches; None means AWS's default endpoint."""
     host: str = "127.0.0.1"

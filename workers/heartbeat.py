@@ -10,7 +10,7 @@ import structlog
 
 from schemas.messages import ReplicaHeartbeat, ReplicaState
 from topics.redis_relay import RedisReplicaDirectory
-from workers.engine.port import EngineClient
+from workers.engine.port import EngineClient, EngineStats
 from workers.load import LoadTracker
 
 log = structlog.get_logger()
@@ -49,9 +49,15 @@ class Heartbeat:
             waiting=stats.waiting if stats else 0,
             in_flight=self.load.in_flight if self.load else 0,
             outstanding_tokens=self.load.outstanding_tokens() if self.load else 0,
-            prefill_tokens_per_s=self.load.prefill_tokens_per_s() if self.load else 0.0,
+            prefill_tokens_per_s=self._prefill_rate(stats),
             sent_at=time.time(),
         )
+
+    def _prefill_rate(self, stats: EngineStats | None) -> float:
+        """The engine's own measure when it has one, else first-token timings of jobs."""
+        if stats is not None and stats.prefill_tokens_per_s > 0:
+            return stats.prefill_tokens_per_s
+        return self.load.prefill_tokens_per_s() if self.load else 0.0
 
     async def run(self) -> None:
         while True:

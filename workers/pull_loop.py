@@ -154,7 +154,7 @@ class PullLoop:
             await self.commit()
         await self._drain(drain_grace_s)
 
-    def _engine_load(self, interactive_lag: int = 0) -> EngineLoad:
+    def _engine_load(self) -> EngineLoad:
         running = self._load.running_jobs()
         reserved = sum(
             self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
@@ -167,7 +167,10 @@ class PullLoop:
             max_num_seqs=self._engine.max_num_seqs,
             kv_capacity_tokens=self._engine.kv_capacity_tokens,
             reserved_tokens=reserved,
-            interactive_backlog=self._buffer.count(PRIORITY["interactive"]) + interactive_lag,
+            # Interactive partitions are fetched whenever a fetched job could start (a free
+            # slot, or a batch job to preempt), so waiting interactive work reaches this
+            # buffer promptly; high watermarks of paused partitions would be stale anyway.
+            interactive_backlog=self._buffer.count(PRIORITY["interactive"]),
             batch_in_flight=sum(1 for job in running if job.tier == "batch"),
         )
 
@@ -191,8 +194,7 @@ class PullLoop:
             return
 
     async def _fetch(self) -> int:
-        lag = await self._interactive_lag()
-        budget = self._policy.fetch_budget(self._engine_load(lag))
+        budget = self._policy.fetch_budget(self._engine_load())
         want = {
             "interactive": budget.interactive - self._buffer.count(PRIORITY["interactive"]),
             "batch": budget.batch - self._buffer.count(PRIORITY["batch"]),
@@ -220,19 +222,6 @@ class PullLoop:
                 self._accept(tp, record.offset, record.value)
                 count += 1
         return count
-
-    async def _interactive_lag(self) -> int:
-        """Interactive jobs waiting in this worker's partitions (as of their last fetch)."""
-        lag = 0
-        for tp in self._consumer.assignment():
-            if tp.topic != self._topics["interactive"]:
-                continue
-            highwater = self._consumer.highwater(tp)
-            if highwater is None:
-                continue
-            with contextlib.suppress(Exception):
-                lag += max(highwater - await self._consumer.position(tp), 0)
-        return lag
 
     def _accept(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         self.offsets.started(tp, offset)

@@ -31,6 +31,9 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    """Prompt tokens (cached ones included) absorbed per second of engine steps that
+    finished prefills; 0 until measured."""
 
 
 class EngineClient(Protocol):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
@@ -49,6 +49,12 @@ class _Load:
     waiting: int = 0
     kv_cache_usage: float = 0.0
     updated_at: float = 0.0
+    prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    """(prompt tokens, step seconds) of recent steps that finished prefills."""
+
+    def prefill_tokens_per_s(self) -> float:
+        seconds = sum(s for _, s in self.prefill_steps)
+        return sum(t for t, _ in self.prefill_steps) / seconds if seconds > 0 else 0.0
 
 
 def _stat_logger_factory(load: _Load) -> Any:
@@ -68,14 +74,20 @@ def _stat_logger_factory(load: _Load) -> Any:
             mm_cache_stats: Any = None,
             engine_idx: int = 0,
         ) -> None:
+            now = time.monotonic()
+            prompt_tokens = int(getattr(iteration_stats, "num_prompt_tokens", 0) or 0)
+            if prompt_tokens > 0 and load.updated_at > 0:
+                step_s = min(now - load.updated_at, 1.0)  # an idle gap is not a step
+                load.prefill_steps.append((prompt_tokens, step_s))
             if scheduler_stats is None:
+                load.updated_at = now
                 return
             load.running = int(scheduler_stats.num_running_reqs)
             load.waiting = int(scheduler_stats.num_waiting_reqs) + int(
                 getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
             )
             load.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-            load.updated_at = time.monotonic()
+            load.updated_at = now
 
         def log_engine_initialized(self) -> None:
             pass
@@ -226,11 +238,14 @@ class VllmEngine:
         """Scheduler load, bounded by the requests this adapter has in flight."""
         in_flight = self._in_flight.total()
         if in_flight == 0:
-            return EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
+            return EngineStats(prefill_tokens_per_s=self._load.prefill_tokens_per_s())
         running = min(self._load.running, in_flight)
         waiting = min(self._load.waiting, in_flight - running)
         return EngineStats(
-            running=running, waiting=waiting, kv_cache_usage=self._load.kv_cache_usage
+            running=running,
+            waiting=waiting,
+            kv_cache_usage=self._load.kv_cache_usage,
+            prefill_tokens_per_s=self._load.prefill_tokens_per_s(),
         )
 
     async def shutdown(self) -> None:
