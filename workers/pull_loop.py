@@ -176,6 +176,16 @@ class PullLoop:
 
     async def _start_what_fits(self) -> None:
         while True:
+            held = self._next
+            if (
+                held is not None
+                and held.job.tier == "batch"
+                and self._buffer.count(PRIORITY["interactive"])
+            ):
+                # Interactive work arrived behind a batch job that was waiting for room: it
+                # goes first, and the batch job goes back into the fair queue.
+                self._enqueue(held)
+                self._next = None
             if self._next is None:
                 self._next = self._buffer.pop()
             item = self._next
@@ -234,11 +244,15 @@ class PullLoop:
             self.offsets.finished(tp, offset)
             return
         tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)
+        self._enqueue(_Fetched(tp, offset, job, tokens))
+
+    def _enqueue(self, item: _Fetched) -> None:
+        job = item.job
         self._buffer.push(
-            _Fetched(tp, offset, job, tokens),
+            item,
             team=job.team,
             weight=job.team_weight,
-            cost=tokens,
+            cost=item.tokens,
             priority=PRIORITY[job.tier],
         )
 

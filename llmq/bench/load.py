@@ -103,10 +103,14 @@ async def one_request(
         sample.status, sample.error = "error", f"{type(exc).__name__}: {exc}"
 
 
-def _messages(team: str, rng: random.Random, index: int) -> list[ChatCompletionMessageParam]:
+def _messages(
+    team: str, rng: random.Random, index: int, system_prompts: int = 1
+) -> list[ChatCompletionMessageParam]:
+    desk = rng.randrange(system_prompts)
     question = f"{rng.choice(QUESTIONS)} (ticket {index})"
+    owner = team if system_prompts == 1 else f"{team} (help desk {desk})"
     return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(team=team)},
+        {"role": "system", "content": SYSTEM_PROMPT.format(team=owner)},
         {"role": "user", "content": question},
     ]
 
@@ -168,7 +172,7 @@ async def run_load_async(settings: LoadSettings, *, transport: Any = None) -> Lo
                 (
                     at,
                     RequestSample(tier=tier, team=team, stream=name, start_s=at),
-                    _messages(team, rng, n),
+                    _messages(team, rng, n, s.system_prompts),
                 )
             )
     if s.batch_flood and s.batch_flood_at_s < s.duration_s:

@@ -40,6 +40,9 @@ class LoadSettings(BaseModel):
     batch_flood: int = Field(default=0, ge=0, le=5_000)
     batch_team: str = "dev"
     batch_flood_at_s: float = Field(default=0.0, ge=0)
+    system_prompts: PositiveInt = 1
+    """Distinct shared system prompts per team (one per help desk); more than one worker's KV
+    cache holds shows what prefix-affinity routing buys."""
     max_tokens: PositiveInt = 32
     batch_max_tokens: PositiveInt = 64
     max_requests_per_stream: PositiveInt = 2_000
