@@ -77,6 +77,10 @@ class DevStackSettings(BaseSettings):
     """KV-cache memory of the worker's engine, in GiB."""
     partitions: int = 8
     """Partitions of each job topic."""
+    batch_max_in_flight: int = 2
+    """Batch sequences one worker runs at once. The CPU engine is compute-bound (each running
+    sequence lengthens every step), so the local stack keeps batch to a trickle beside
+    interactive work; on GPUs leave the worker's default (no cap)."""
     workers: int = 1
     """Worker processes (engine replicas) in the pool; 2 shows partition routing at work."""
     api_key: str = "sk-llmq-dev"
@@ -156,6 +160,7 @@ def _worker_env(
         "LLMQ_MAX_MODEL_LEN": str(settings.max_model_len),
         "LLMQ_MAX_NUM_SEQS": str(settings.max_num_seqs),
         "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
+        "LLMQ_BATCH_MAX_IN_FLIGHT": str(settings.batch_max_in_flight),
         "LLMQ_REPLICA_ID": f"{settings.pool}-dev-{index}",
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
     }

@@ -121,6 +121,10 @@ class HeadroomPolicy:
     """Interactive jobs may fill the KV cache up to this (vLLM keeps a little for growth)."""
     expected_output_fraction: float = 0.5
     """Share of ``max_tokens`` a job is expected to produce (see `job_tokens`)."""
+    batch_max_in_flight: int | None = None
+    """Most batch jobs running at once (None: as many as slots allow). On a GPU, decode is
+    memory-bound and extra sequences cost interactive ones little; on a CPU every sequence
+    lengthens every step, so a small cap keeps interactive TPOT while batch still drains."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_kv_watermark <= self.interactive_kv_limit <= 1.0:
@@ -194,11 +198,25 @@ class HeadroomPolicy:
         """
         room = self._fits(load, "interactive", typical_job_tokens)
         preempt = load.batch_in_flight
-        batch = self._fits(load, "batch", typical_job_tokens) if self._batch_open(load) else 0
+        batch = (
+            min(self._fits(load, "batch", typical_job_tokens), self._batch_room(load))
+            if self._batch_open(load)
+            else 0
+        )
         return FetchBudget(interactive=room + preempt, batch=batch)
 
     def _batch_open(self, load: EngineLoad) -> bool:
-        return load.interactive_backlog == 0 and load.kv_cache_usage < self.batch_kv_watermark
+        return (
+            load.interactive_backlog == 0
+            and load.kv_cache_usage < self.batch_kv_watermark
+            and self._batch_room(load) > 0
+        )
+
+    def _batch_room(self, load: EngineLoad) -> int:
+        """Batch jobs that may still start under `batch_max_in_flight`."""
+        if self.batch_max_in_flight is None:
+            return load.max_num_seqs
+        return max(self.batch_max_in_flight - load.batch_in_flight, 0)
 
     def _fits(self, load: EngineLoad, tier: Tier, typical_job_tokens: int) -> int:
         """How many jobs of this class fit the free slots and KV room (ignoring class gates)."""

@@ -35,6 +35,9 @@ class WorkerSettings(BaseSettings):
     """Weights and activations precision."""
     batch_kv_watermark: float = 0.70
     """Batch jobs start only while the KV cache is used below this fraction."""
+    batch_max_in_flight: int | None = None
+    """Most batch jobs running at once (None: no cap beyond max_num_seqs). Set it low on CPU
+    engines, where every running sequence slows every step."""
     heartbeat_interval_s: float = 0.5
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0

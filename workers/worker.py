@@ -86,7 +86,10 @@ class Worker:
                 settings.pool,
                 requeue=KafkaJobQueue(producer),
                 load=load,
-                policy=HeadroomPolicy(batch_kv_watermark=settings.batch_kv_watermark),
+                policy=HeadroomPolicy(
+                    batch_kv_watermark=settings.batch_kv_watermark,
+                    batch_max_in_flight=settings.batch_max_in_flight,
+                ),
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned

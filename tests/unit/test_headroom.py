@@ -230,3 +230,17 @@ def test_load_from_engine_stats() -> None:
 def test_invalid_policies_are_rejected(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         HeadroomPolicy(**kw)
+
+
+@pytest.mark.parametrize(
+    ("batch_in_flight", "can_start_batch", "batch_budget"),
+    [(0, True, 2), (1, True, 1), (2, False, 0)],
+)
+def test_batch_cap_limits_running_batch_jobs(
+    batch_in_flight: int, can_start_batch: bool, batch_budget: int
+) -> None:
+    policy = HeadroomPolicy(batch_max_in_flight=2)
+    state = load(in_flight=batch_in_flight, batch_in_flight=batch_in_flight)
+    assert policy.can_start(state, 1, "batch") is can_start_batch
+    assert policy.fetch_budget(state).batch == batch_budget
+    assert policy.can_start(state, 1, "interactive")  # the cap never limits interactive work
