@@ -11,12 +11,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 
 from schemas.messages import InferenceJob, ReplicaHeartbeat, UsageRecord
 from tests.e2e.conftest import STRICT_MODEL, Stack
 from tests.polling import eventually
+from tests.topic_reading import read_until
 from topics import catalog
 
 pytestmark = pytest.mark.e2e
@@ -116,23 +116,12 @@ async def engine_load(stack: Stack) -> AsyncIterator[EngineLoad]:
 
 async def _cancelled_usage_since(stack: Stack, since: float) -> list[UsageRecord]:
     """Usage records of requests that ended by cancellation after `since`."""
-    consumer = AIOKafkaConsumer(
-        catalog.USAGE_TOPIC, bootstrap_servers=stack.kafka_bootstrap, auto_offset_reset="earliest"
+    return await read_until(
+        stack.kafka_bootstrap,
+        catalog.USAGE_TOPIC,
+        UsageRecord.model_validate_json,
+        lambda u: u.finish_reason == "cancelled" and u.finished_at > since,
     )
-    await consumer.start()
-    try:
-        found: list[UsageRecord] = []
-        async with asyncio.timeout(15):
-            while not found:
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        usage = UsageRecord.model_validate_json(record.value)
-                        if usage.finish_reason == "cancelled" and usage.finished_at > since:
-                            found.append(usage)
-        return found
-    finally:
-        await consumer.stop()
 
 
 async def test_cancelled_stream_frees_the_engine(stack: Stack, engine_load: EngineLoad) -> None:
@@ -232,21 +221,12 @@ async def test_each_request_is_a_readable_message_on_its_job_topic(
         messages=HELLO,
         max_tokens=2,  # type: ignore[arg-type]
     )
-    consumer = AIOKafkaConsumer(
+    jobs = await read_until(
+        stack.kafka_bootstrap,
         catalog.job_topic(stack.pool, "interactive"),
-        bootstrap_servers=stack.kafka_bootstrap,
-        auto_offset_reset="earliest",
+        InferenceJob.model_validate_json,
+        lambda j: j.request_id == out.id,
     )
-    await consumer.start()
-    try:
-        jobs: list[InferenceJob] = []
-        async with asyncio.timeout(15):
-            while not any(j.request_id == out.id for j in jobs):
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    jobs.extend(InferenceJob.model_validate_json(r.value) for r in records)
-    finally:
-        await consumer.stop()
     job = next(j for j in jobs if j.request_id == out.id)
     assert job.team == "e2e" and job.model == stack.model and job.sampling.max_tokens == 2
     assert json.loads(json.dumps(job.model_dump()))["reply_to"].startswith("llmq:reply:")

@@ -20,6 +20,7 @@ from schemas.messages import (
 from tests.integration.queue_helpers import collect, make_job, start_worker
 from tests.integration.scripted_engine import ScriptedEngine
 from tests.polling import eventually
+from tests.topic_reading import read_until
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer
 from topics.redis_relay import RedisReplyRelay
@@ -71,22 +72,12 @@ async def test_usage_records_land_on_the_usage_topic(
     await collect(relay, rid)
     worker.drain()
     await asyncio.wait_for(task, 30)
-    consumer = AIOKafkaConsumer(
-        catalog.USAGE_TOPIC, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    found = await read_until(
+        kafka_bootstrap,
+        catalog.USAGE_TOPIC,
+        UsageRecord.model_validate_json,
+        lambda u: u.request_id == rid,
     )
-    await consumer.start()
-    try:
-        found: list[UsageRecord] = []
-        async with asyncio.timeout(15):
-            while not found:
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        usage = UsageRecord.model_validate_json(record.value)
-                        if usage.request_id == rid:
-                            found.append(usage)
-    finally:
-        await consumer.stop()
     assert len(found) == 1
     assert (found[0].completion_tokens, found[0].prompt_tokens, found[0].team) == (2, 3, "t")
 
