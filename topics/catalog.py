@@ -56,6 +56,11 @@ def backlog_key(pool: str, tier: PriorityClass) -> str:
     return f"llmq:backlog:{pool}:{tier}"
 
 
+def team_backlog_key(pool: str, tier: PriorityClass, team: str) -> str:
+    """Redis counter of one team's queued prompt tokens in one pool and class."""
+    return f"llmq:backlog:{pool}:{tier}:team:{team}"
+
+
 def bucket_key(team: str) -> str:
     """Redis hash holding one team's token bucket (tokens, last refill in ms)."""
     return f"llmq:bucket:{team}"

@@ -91,18 +91,40 @@ class JobLedger(Protocol):
     async def mark_finished(self, request_id: str) -> None: ...
 
 
-class QueueBacklog(Protocol):
-    """Prompt tokens queued per pool and priority class, for TTFT-based admission."""
+@dataclass(frozen=True)
+class BacklogAdmission:
+    """The outcome of one atomic check-and-queue against a pool's backlog."""
 
-    async def add(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
+    added: bool
+    queued: int
+    """The pool's queued prompt tokens before this request."""
+    team_queued: int = 0
+    """The request's team's share of them."""
+
+
+class QueueBacklog(Protocol):
+    """Prompt tokens queued per pool and priority class (and team), for admission."""
+
+    async def add(
+        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
+    ) -> None: ...
 
     async def try_add(
-        self, pool: str, tier: PriorityClass, prompt_tokens: int, limit: int
-    ) -> tuple[bool, int]:
-        """Add atomically if the queue is empty or stays within `limit`; (added, queued)."""
+        self,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        limit: int,
+        team: str | None = None,
+        team_limit: int | None = None,
+    ) -> BacklogAdmission:
+        """Queue the tokens atomically if the pool's backlog stays within `limit` and the
+        team's within `team_limit` (an empty queue always admits)."""
         ...
 
-    async def remove(self, pool: str, tier: PriorityClass, prompt_tokens: int) -> None: ...
+    async def remove(
+        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
+    ) -> None: ...
 
     async def queued(self, pool: str, tier: PriorityClass) -> int: ...
 

@@ -57,7 +57,7 @@ class JobRunner:
         """Run `job` to a terminal event; cancelling the calling task aborts it in the engine."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
         # The job leaves the queue now (admission counts queued prompt tokens per pool).
-        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids))
+        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
         if await self._ledger.is_finished(job.request_id):
             bound.info("job_skipped_finished")
             return JobOutcome("duplicate", UsageCounts())

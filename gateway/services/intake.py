@@ -9,6 +9,7 @@ reservation released).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class JobIntake:
         quota: QuotaService,
         router: PartitionRouter | None,
         request_timeout_s: float,
+        team_share: float = 0.5,
     ) -> None:
         self._registry = registry
         self._renderer = renderer
@@ -84,6 +86,7 @@ class JobIntake:
         self._quota = quota
         self._router = router
         self._timeout_s = request_timeout_s
+        self._team_share = team_share
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """Everything up to producing: refusals are raised as `ApiError`s."""
@@ -110,12 +113,20 @@ class JobIntake:
             limit = self._admission.queue_limit(
                 prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slo_s=deployment.ttft_slo_s
             )
-            added, queued = await self._backlog.try_add(pool, tier, len(prompt), limit)
-            if not added:
+            team_limit = math.floor(limit * self._team_share)
+            outcome = await self._backlog.try_add(
+                pool, tier, len(prompt), limit, team=team.name, team_limit=team_limit
+            )
+            if not outcome.added:
+                # Over the team's share, the wait that matters is the team's own backlog:
+                # a flooding team is refused while other teams are still admitted.
+                over_team = outcome.team_queued + len(prompt) > team_limit
                 decision = self._admission.decide(
                     tier=tier,
                     prompt_tokens=len(prompt),
-                    queued_tokens=queued,
+                    queued_tokens=(
+                        outcome.team_queued + limit - team_limit if over_team else outcome.queued
+                    ),
                     prefill_tokens_per_s=rate,
                     slo_s=deployment.ttft_slo_s,
                 )
@@ -135,14 +146,14 @@ class JobIntake:
                 )
 
         else:
-            await self._backlog.add(pool, tier, len(prompt))  # batch waits: never refused
+            await self._backlog.add(pool, tier, len(prompt), team.name)  # batch: never refused
 
         policy = team.policy
         reservation = await self._quota.reserve_for(
             team.name, policy.tokens_per_minute, len(prompt), max_tokens
         )
         if not reservation.allowed:
-            await self._backlog.remove(pool, tier, len(prompt))
+            await self._backlog.remove(pool, tier, len(prompt), team.name)
             if not reservation.satisfiable:
                 raise ApiError(
                     429,
@@ -198,7 +209,7 @@ class JobIntake:
             log.warning("job_produce_failed", request_id=job.request_id, error=type(exc).__name__)
             policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
             await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
-            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids))
+            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
             raise ApiError(
                 503,
                 "The request queue is unavailable; retry shortly.",

@@ -76,10 +76,30 @@ async def test_concurrent_admissions_never_overshoot_the_limit(redis_url: str) -
         results = await asyncio.gather(
             *(backlog.try_add(pool, "interactive", 100, limit=1_000) for _ in range(50))
         )
-        added = [queued for ok, queued in results if ok]
+        added = [r.queued for r in results if r.added]
         assert len(added) == 10  # the first lands on an empty queue, nine more fit
         assert await backlog.queued(pool, "interactive") == 1_000
-        refused = [queued for ok, queued in results if not ok]
+        refused = [r.queued for r in results if not r.added]
         assert refused and all(q == 1_000 for q in refused)
+    finally:
+        await redis.aclose()
+
+
+async def test_a_flooding_team_is_held_to_its_share(redis_url: str) -> None:
+    redis = Redis.from_url(redis_url)
+    backlog = RedisBacklog(redis)
+    pool = f"share-{uuid.uuid4().hex[:6]}"
+    try:
+        flood = [
+            await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
+            for _ in range(8)
+        ]
+        assert [r.added for r in flood] == [True] * 5 + [False] * 3
+        assert flood[-1].team_queued == 500
+        other = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
+        assert other.added and other.queued == 500 and other.team_queued == 0
+        await backlog.remove(pool, "interactive", 100, team="b")
+        again = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
+        assert again.added and again.team_queued == 400
     finally:
         await redis.aclose()

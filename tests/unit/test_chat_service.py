@@ -27,7 +27,7 @@ from schemas.messages import (
     TokenEvent,
     UsageCounts,
 )
-from topics.ports import BucketDecision, JobReceipt
+from topics.ports import BacklogAdmission, BucketDecision, JobReceipt
 from topics.redis_relay import RedisReplyRelay
 
 
@@ -81,19 +81,27 @@ class Backlog:
     def __init__(self) -> None:
         self.tokens: dict[tuple[str, str], int] = {}
 
-    async def add(self, pool: str, tier: str, prompt_tokens: int) -> None:
+    async def add(self, pool: str, tier: str, prompt_tokens: int, team: str | None = None) -> None:
         self.tokens[(pool, tier)] = self.tokens.get((pool, tier), 0) + prompt_tokens
 
     async def try_add(
-        self, pool: str, tier: str, prompt_tokens: int, limit: int
-    ) -> tuple[bool, int]:
+        self,
+        pool: str,
+        tier: str,
+        prompt_tokens: int,
+        limit: int,
+        team: str | None = None,
+        team_limit: int | None = None,
+    ) -> BacklogAdmission:
         queued = self.tokens.get((pool, tier), 0)
         if queued > 0 and queued + prompt_tokens > limit:
-            return False, queued
+            return BacklogAdmission(False, queued)
         self.tokens[(pool, tier)] = queued + prompt_tokens
-        return True, queued
+        return BacklogAdmission(True, queued)
 
-    async def remove(self, pool: str, tier: str, prompt_tokens: int) -> None:
+    async def remove(
+        self, pool: str, tier: str, prompt_tokens: int, team: str | None = None
+    ) -> None:
         self.tokens[(pool, tier)] = max(self.tokens.get((pool, tier), 0) - prompt_tokens, 0)
 
     async def queued(self, pool: str, tier: str) -> int:
