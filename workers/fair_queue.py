@@ -145,6 +145,10 @@ class FairQueue(Generic[T]):
         cls = self._classes.get(priority)
         return len(cls.heap) if cls else 0
 
+    def items(self) -> list[T]:
+        """Every queued item (in no particular order)."""
+        return [entry.item for cls in self._classes.values() for entry in cls.heap]
+
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
         """Remove and return (in arrival order) every item for which ``predicate`` is true."""
         removed: list[_Entry[T]] = []

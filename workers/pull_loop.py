@@ -80,6 +80,7 @@ class PullLoop:
         requeue: JobQueue,
         load: LoadTracker,
         policy: HeadroomPolicy | None = None,
+        fair_lookahead: int = 4,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
@@ -88,6 +89,7 @@ class PullLoop:
         self._requeue = requeue
         self._load = load
         self._policy = policy or HeadroomPolicy()
+        self._lookahead = fair_lookahead
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self._buffer: FairQueue[_Fetched] = FairQueue()
         self._next: _Fetched | None = None  # popped in fair order, waiting for room
@@ -205,21 +207,27 @@ class PullLoop:
 
     async def _fetch(self) -> int:
         budget = self._policy.fetch_budget(self._engine_load())
+        held = [*self._buffer.items(), *([self._next] if self._next else [])]
+        held_interactive = sum(1 for f in held if f.job.tier == "interactive")
+        # What can start now, plus a small look-ahead of interactive jobs (at most one per
+        # partition) so that, when a slot frees, the fair queue chooses between teams
+        # instead of taking whichever partition the broker returns first.
+        can_start = budget.interactive - held_interactive
         want = {
-            "interactive": budget.interactive - self._buffer.count(PRIORITY["interactive"]),
-            "batch": budget.batch - self._buffer.count(PRIORITY["batch"]),
+            "interactive": budget.interactive + self._lookahead - held_interactive,
+            "batch": budget.batch - (len(held) - held_interactive),
         }
-        if self._next is not None:
-            want[self._next.job.tier] -= 1
+        waiting_in = {f.tp for f in held}
         assignment = self._consumer.assignment()
         for cls, topic in self._topics.items():
             partitions = [tp for tp in assignment if tp.topic == topic]
-            if not partitions:
-                continue
-            if want[cls] > 0:
-                self._consumer.resume(*partitions)
-            else:
+            if want[cls] <= 0:
                 self._consumer.pause(*partitions)
+            elif cls == "interactive" and can_start <= 0:  # look-ahead only
+                self._consumer.pause(*(tp for tp in partitions if tp in waiting_in))
+                self._consumer.resume(*(tp for tp in partitions if tp not in waiting_in))
+            else:
+                self._consumer.resume(*partitions)
         most = max(want.values())
         if most <= 0 or not assignment:
             if not assignment:

@@ -38,6 +38,10 @@ class WorkerSettings(BaseSettings):
     batch_max_in_flight: int | None = None
     """Most batch jobs running at once (None: no cap beyond max_num_seqs). Set it low on CPU
     engines, where every running sequence slows every step."""
+    fair_lookahead: int = 4
+    """Interactive jobs held beyond what can start (one per partition at most), so the
+    weighted fair queue can choose between teams when a slot frees. Uncommitted: a crash
+    re-delivers them."""
     heartbeat_interval_s: float = 0.5
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0

@@ -90,6 +90,7 @@ class Worker:
                     batch_kv_watermark=settings.batch_kv_watermark,
                     batch_max_in_flight=settings.batch_max_in_flight,
                 ),
+                fair_lookahead=settings.fair_lookahead,
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned
