@@ -98,14 +98,16 @@ async def test_a_flooding_team_is_held_to_its_share(redis_url: str) -> None:
         assert flood[-1].team_queued == 500
         other = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
         assert other.added and other.queued == 500 and other.team_queued == 0
-        # A team with nothing queued is admitted even when the pool is at its limit.
-        for team in ("c", "d", "e", "f", "g"):
-            await backlog.try_add(pool, "interactive", 100, 1_000, team=team, team_limit=500)
-        assert await backlog.queued(pool, "interactive") == 1_100
-        late = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
-        assert not late.added  # a's second request waits for the pool to drain
         await backlog.remove(pool, "interactive", 100, team="b")
         again = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
         assert again.added and again.team_queued == 400
+        # A team with nothing queued is admitted even when the pool is at its limit ...
+        for team in ("c", "d", "e", "f", "g"):
+            added = await backlog.try_add(pool, "interactive", 100, 1_000, team=team)
+            assert added.added
+        assert await backlog.queued(pool, "interactive") == 1_100
+        # ... while a team that already queues waits for the pool to drain.
+        late = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
+        assert not late.added
     finally:
         await redis.aclose()
