@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validator
 
-from llmq.bench.stats import mean, percentile
+from llmq.bench.stats import fmt_ms, fmt_pct, mean, percentile
 
 Tier = Literal["interactive", "batch"]
 Status = Literal["ok", "rate_limited", "error"]
@@ -213,14 +213,6 @@ def busy_share(samples: list[list[tuple[int, float]]]) -> tuple[float | None, fl
     return busy, mean([kv for _, kv in flat])
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
-
-
 def format_report(report: LoadReport) -> str:
     s = report.settings
     lines = [
@@ -232,11 +224,11 @@ def format_report(report: LoadReport) -> str:
         f"{'TTFT p50/p95/p99 ms':>22}{'TPOT p50/p95/p99 ms':>22}{'goodput':>9}{'cache':>8}",
     ]
     for g in report.groups:
-        ttft = f"{_ms(g.ttft_p50_s)}/{_ms(g.ttft_p95_s)}/{_ms(g.ttft_p99_s)}"
-        tpot = f"{_ms(g.tpot_p50_s)}/{_ms(g.tpot_p95_s)}/{_ms(g.tpot_p99_s)}"
+        ttft = f"{fmt_ms(g.ttft_p50_s)}/{fmt_ms(g.ttft_p95_s)}/{fmt_ms(g.ttft_p99_s)}"
+        tpot = f"{fmt_ms(g.tpot_p50_s)}/{fmt_ms(g.tpot_p95_s)}/{fmt_ms(g.tpot_p99_s)}"
         lines.append(
             f"{g.tier:<12}{g.team:<10}{g.requests:>6}{g.ok:>6}{g.rate_limited:>5}{g.errors:>5}"
-            f"{ttft:>22}{tpot:>22}{_pct(g.goodput_share):>9}{_pct(g.cache_hit_rate):>8}"
+            f"{ttft:>22}{tpot:>22}{fmt_pct(g.goodput_share):>9}{fmt_pct(g.cache_hit_rate):>8}"
         )
         if g.rate_limited and g.retry_after_p50_s is not None:
             lines.append(f"  429 Retry-After p50 {g.retry_after_p50_s:g} s")
@@ -245,8 +237,8 @@ def format_report(report: LoadReport) -> str:
             lines.append(f"  batch backlog: {g.ok}/{g.requests} completed, drained in {drain}")
     if report.heartbeat_samples:
         lines.append(
-            f"engines busy {_pct(report.engine_busy_share)} of samples, KV use mean "
-            f"{_pct(report.kv_use_mean)} ({report.heartbeat_samples} heartbeat snapshots)"
+            f"engines busy {fmt_pct(report.engine_busy_share)} of samples, KV use mean "
+            f"{fmt_pct(report.kv_use_mean)} ({report.heartbeat_samples} heartbeat snapshots)"
         )
     lines.append(f"(wall {report.wall_s:.1f} s)")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
-from llmq.bench.stats import mean, percentile
+from llmq.bench.stats import fmt_ms, fmt_pct, mean, percentile
 from workers.engine.simulated import (
     H100_SXM,
     H200,
@@ -284,14 +284,6 @@ def _summarise(
     )
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
-
-
 def format_simulation(report: SimulationReport) -> str:
     s = report.settings
     return "\n".join(
@@ -305,17 +297,17 @@ def format_simulation(report: SimulationReport) -> str:
             f"{s.output_tokens} output tokens; measured {s.duration_s:g} s after "
             f"{s.warmup_s:g} s warm-up",
             f"requests measured {report.requests}, completed {report.completed}",
-            f"TTFT ms  p50 {_ms(report.ttft_p50_s)}  p95 {_ms(report.ttft_p95_s)}  "
-            f"p99 {_ms(report.ttft_p99_s)}   (SLO {s.ttft_slo_s * 1000:g})",
-            f"TPOT ms  p50 {_ms(report.tpot_p50_s)}  p95 {_ms(report.tpot_p95_s)}  "
-            f"p99 {_ms(report.tpot_p99_s)}   (SLO {s.tpot_slo_s * 1000:g})",
-            f"goodput  {_pct(report.goodput_share)} of requests, {report.goodput_rps:.1f} req/s",
+            f"TTFT ms  p50 {fmt_ms(report.ttft_p50_s, 1)}  p95 {fmt_ms(report.ttft_p95_s, 1)}  "
+            f"p99 {fmt_ms(report.ttft_p99_s, 1)}   (SLO {s.ttft_slo_s * 1000:g})",
+            f"TPOT ms  p50 {fmt_ms(report.tpot_p50_s, 1)}  p95 {fmt_ms(report.tpot_p95_s, 1)}  "
+            f"p99 {fmt_ms(report.tpot_p99_s, 1)}   (SLO {s.tpot_slo_s * 1000:g})",
+            f"goodput  {fmt_pct(report.goodput_share)} of requests, {report.goodput_rps:.1f} req/s",
             f"throughput  {report.output_tokens_per_s:,.0f} output tok/s, "
             f"{report.completed_rps:.1f} req/s",
-            f"prefix-cache hit rate {_pct(report.prompt_cache_hit_rate)}",
-            f"KV use mean {_pct(report.kv_use_mean)}, max {_pct(report.kv_use_max)}; "
+            f"prefix-cache hit rate {fmt_pct(report.prompt_cache_hit_rate)}",
+            f"KV use mean {fmt_pct(report.kv_use_mean)}, max {fmt_pct(report.kv_use_max)}; "
             f"running/replica mean {report.running_mean or 0:.1f}; "
-            f"busy {_pct(report.busy_share)}; compute {_pct(report.compute_share)}; "
+            f"busy {fmt_pct(report.busy_share)}; compute {fmt_pct(report.compute_share)}; "
             f"preemptions {report.preemptions}",
             f"({report.simulated_s:.1f} simulated s in {report.wall_s:.1f} wall s)",
         ]

@@ -36,3 +36,13 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator == 0:
         return None
     return numerator / denominator
+
+
+def fmt_ms(seconds: float | None, digits: int = 0) -> str:
+    """Seconds as milliseconds for a table cell; "-" when missing."""
+    return "-" if seconds is None else f"{seconds * 1000:.{digits}f}"
+
+
+def fmt_pct(share: float | None) -> str:
+    """A 0..1 share as a percentage for a table cell; "-" when missing."""
+    return "-" if share is None else f"{share * 100:.1f}%"
