@@ -124,8 +124,9 @@ class PullLoop:
         entry = self._running.get(request_id)
         if entry is None:
             return False
+        if not self._runner.cancelled_by_client(request_id):
+            return False
         self._cancelled_by_client.add(request_id)
-        self._runner.cancelled_by_client(request_id)
         entry[0].cancel()
         await self._engine.abort(request_id)
         log.info("job_cancelled", request_id=request_id)

@@ -50,6 +50,7 @@ class JobRunner:
         self._cancels = cancels
         self._ledger = ledger
         self._client_cancelled: set[str] = set()
+        self._ending: set[str] = set()
         self._backlog = backlog
         self._load = load
 
@@ -108,6 +109,7 @@ class JobRunner:
                 )
                 await self._publisher.publish(job.reply_to, event)
                 seq += 1
+            self._ending.add(job.request_id)  # a cancel from now on changes nothing
             if buffered is not None:
                 whole = TokenEvent(
                     request_id=job.request_id,
@@ -121,6 +123,7 @@ class JobRunner:
                 FinishEvent(request_id=job.request_id, finish_reason=outcome, usage=usage),
             )
         except asyncio.CancelledError:
+            self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
                 raise  # a shutdown, not an end: the job stays uncommitted and runs again
             self._client_cancelled.discard(job.request_id)
@@ -141,12 +144,19 @@ class JobRunner:
             )
         finally:
             self._load.finished(job.request_id)
-        await self._finished(job, outcome, usage, started)
+        try:
+            await self._finished(job, outcome, usage, started)
+        finally:
+            self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
 
-    def cancelled_by_client(self, request_id: str) -> None:
-        """Mark a running job's coming cancellation as its end (not a shutdown)."""
+    def cancelled_by_client(self, request_id: str) -> bool:
+        """Mark a running job's coming cancellation as its end (not a shutdown); False when
+        the job already produced its last token (let it record its outcome undisturbed)."""
+        if request_id in self._ending:
+            return False
         self._client_cancelled.add(request_id)
+        return True
 
     async def _finished(
         self, job: InferenceJob, outcome: str, usage: UsageCounts, started: float

@@ -124,10 +124,13 @@ class ChatService:
                         message="The request did not finish before its deadline.",
                     )
                 self._observe(active, event)
-                yield event
                 if not isinstance(event, TokenEvent):
+                    # Done before the caller sees it: a caller that stops iterating at the
+                    # terminal event must not turn a finished request into a cancel.
                     active._done = True
+                    yield event
                     return
+                yield event
         finally:
             self._finish(active)
 

@@ -215,11 +215,14 @@ async def test_stream_chunks_in_openai_order_with_usage() -> None:
 
 
 async def test_complete_buffers_one_completion() -> None:
-    service, _, _ = await _service()
+    service, _, cancels = await _service()
     active = await service.start(_req(), Team("t"))
     completion = await service.complete(active)
     assert completion.choices[0].message.content == "Hello"
     assert completion.usage is not None and completion.usage.total_tokens == 4
+    for _ in range(5):  # give a (wrong) cancel task the chance to run
+        await asyncio.sleep(0)
+    assert cancels.cancelled == []  # a finished request is never cancelled
 
 
 async def test_abandoned_stream_is_cancelled() -> None:
