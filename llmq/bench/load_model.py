@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validator
 
-from llmq.bench.stats import fmt_ms, fmt_pct, mean, percentile
+from llmq.bench.stats import LatencyPercentiles, fmt_ms, fmt_pct, mean, percentile
 
 Tier = Literal["interactive", "batch"]
 Status = Literal["ok", "rate_limited", "error"]
@@ -95,7 +95,7 @@ class RequestSample(BaseModel):
         return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
 
 
-class GroupResult(BaseModel):
+class GroupResult(LatencyPercentiles):
     """One (tier, team)."""
 
     tier: Tier
@@ -105,12 +105,6 @@ class GroupResult(BaseModel):
     rate_limited: int
     errors: int
     retry_after_p50_s: float | None
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    ttft_p99_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    tpot_p99_s: float | None
     goodput_share: float | None
     cache_hit_rate: float | None
     drain_s: float | None = None

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
-from llmq.bench.stats import fmt_ms, fmt_pct, mean, percentile
+from llmq.bench.stats import LatencyPercentiles, fmt_ms, fmt_pct, mean, percentile
 from workers.engine.simulated import (
     H100_SXM,
     H200,
@@ -71,19 +71,13 @@ class SimulationSettings(BaseModel):
     seed: int = 0
 
 
-class SimulationReport(BaseModel):
+class SimulationReport(LatencyPercentiles):
     label: str = "SIMULATION (no GPU, no model: first-principles step times)"
     settings: SimulationSettings
     kv_capacity_tokens: int
     """Per replica."""
     requests: int
     completed: int
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    ttft_p99_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    tpot_p99_s: float | None
     goodput_share: float | None
     """Measured requests that met both SLOs (TTFT and TPOT), over all measured requests."""
     goodput_rps: float

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from pydantic import BaseModel
+
 
 def percentile(values: Iterable[float], q: float) -> float | None:
     """The q-th percentile (0-100) with linear interpolation between the closest ranks.
@@ -46,3 +48,14 @@ def fmt_ms(seconds: float | None, digits: int = 0) -> str:
 def fmt_pct(share: float | None) -> str:
     """A 0..1 share as a percentage for a table cell; "-" when missing."""
     return "-" if share is None else f"{share * 100:.1f}%"
+
+
+class LatencyPercentiles(BaseModel):
+    """TTFT and TPOT percentiles (seconds), shared by the load and simulation reports."""
+
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    tpot_p99_s: float | None

@@ -35,3 +35,11 @@ async def relay(redis_url: str) -> AsyncIterator[RedisReplyRelay]:
     yield r
     await r.stop()
     await redis.aclose()
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A client of the session's Valkey, closed after the test."""
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()

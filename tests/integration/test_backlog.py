@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -14,13 +13,6 @@ from topics.ports import QueueBacklog
 from topics.redis_backlog import RedisBacklog
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
