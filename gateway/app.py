@@ -6,25 +6,30 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import aioboto3
 import structlog
 from fastapi import FastAPI
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from batch.redis_store import RedisBatchStore
+from batch.s3_files import S3FileStore
 from gateway.auth import ApiKeyAuthenticator
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
-from gateway.routers import chat, health, models
+from gateway.routers import batches, chat, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
+from gateway.services.batches import BatchesService
 from gateway.services.chat import ChatService
+from gateway.services.files import FilesService
 from gateway.services.intake import JobIntake
 from gateway.services.quota import QuotaService
 from gateway.services.reconcile import UsageReconciler
 from gateway.services.registry import ModelRegistry, ReplicaView
-from gateway.services.render import ChatRenderer
 from gateway.services.routing import PartitionRouter
 from gateway.settings import GatewaySettings
+from schemas.render import ChatRenderer
 from topics import catalog
-from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaUsageStream
+from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
 from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from topics.redis_token_bucket import RedisTokenBucket
@@ -51,11 +56,13 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         quota = QuotaService(RedisTokenBucket(redis), settings.teams)
         usage = KafkaUsageStream(settings.kafka_bootstrap, catalog.QUOTA_GROUP, client_id)
         reconciler = UsageReconciler(usage, quota)
+        file_store = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
         await producer.start()
         await relay.start()
         await replicas.start()
         await usage.start()
         reconciler.start()
+        await file_store.start()
         metrics = GatewayMetrics()
         intake = JobIntake(
             registry=registry,
@@ -89,10 +96,18 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             catalog.job_topic(default.pool, "interactive") if default else catalog.USAGE_TOPIC
         )
         app.state.chat_service = ChatService(intake, relay, RedisCancelBus(redis), metrics)
+        app.state.files_service = FilesService(file_store, settings.files_max_bytes)
+        app.state.batches_service = BatchesService(
+            RedisBatchStore(redis),
+            file_store,
+            KafkaBatchEvents(producer),
+            settings.batch_completion_window_s,
+        )
         log.info("gateway_started", gateway_id=settings.gateway_id, port=settings.port)
         try:
             yield
         finally:
+            await file_store.stop()
             await reconciler.stop()
             await usage.stop()
             await replicas.stop()
@@ -106,5 +121,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(models.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(health.router)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -91,7 +92,18 @@ async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
 
+async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A failure nobody turned into an `ApiError` (a store or broker down): a 500 in OpenAI's
+    format instead of a bare one; the error's type is logged, never the request's content."""
+    structlog.get_logger().error("request_failed", path=request.url.path, error=type(exc).__name__)
+    body = error_body(
+        "The server had an error while processing your request; retry shortly.", "server_error"
+    )
+    return JSONResponse(body, status_code=500)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _on_unexpected_error)
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

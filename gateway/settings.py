@@ -5,25 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.services.quota import TeamPolicy
+from schemas.deployment import Deployment
 
-
-class Deployment(BaseModel):
-    """A model the gateway serves and the pool of workers that runs it."""
-
-    name: str
-    """The model name callers use (`model` in requests)."""
-    path: str
-    """A folder with the model's tokenizer and chat template (the weights may live elsewhere)."""
-    pool: str
-    """The worker pool whose job topics carry this model's requests."""
-    max_model_len: int = 2048
-    """Prompt plus output tokens the engine accepts for one request."""
-    ttft_slo_s: float = 1.0
-    """Interactive requests whose predicted time to first token exceeds this get 429."""
+__all__ = ["Deployment", "GatewaySettings"]
 
 
 class GatewaySettings(BaseSettings):
@@ -39,6 +27,12 @@ class GatewaySettings(BaseSettings):
     """Redis connections of this gateway (the pub/sub relay holds one of them)."""
     s3_endpoint_url: str | None = None
     """S3 API endpoint for files and batches; None means AWS's default endpoint."""
+    s3_bucket: str = "llmq"
+    """S3 bucket of uploaded files (created at start-up when missing)."""
+    files_max_bytes: int = 200 * 1024**2
+    """Largest file `POST /v1/files` accepts (413 beyond); uploads are streamed, not held."""
+    batch_completion_window_s: int = 86_400
+    """How long the `24h` completion window of a batch lasts, in seconds (tests shorten it)."""
     host: str = "127.0.0.1"
     """Address the HTTP server binds."""
     port: int = 8000

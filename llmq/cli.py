@@ -13,10 +13,33 @@ topics_app = typer.Typer(help="Kafka topics.")
 dev_app = typer.Typer(help="The local stack (broker, Redis, S3, gateway, one worker).")
 model_app = typer.Typer(help="Model folders for the local stack and tests.")
 bench_app = typer.Typer(help="Benchmarks that print numbers.")
+batch_app = typer.Typer(help="Batches through the OpenAI Batch API: submit, watch, cancel.")
 app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="bench")
+app.add_typer(batch_app, name="batch")
+
+BaseUrlOption = Annotated[
+    str, typer.Option("--base-url", envvar="LLMQ_BASE_URL", help="llmq's OpenAI base URL.")
+]
+ApiKeyOption = Annotated[
+    str,
+    typer.Option("--api-key", envvar=["LLMQ_API_KEY", "OPENAI_API_KEY"], help="llmq API key."),
+]
+IntervalOption = Annotated[
+    float, typer.Option("--interval", min=0.0, help="Seconds between status polls.")
+]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", dir_okay=False, help="Download the output file (results) here."),
+]
+ErrorsOption = Annotated[
+    Path | None,
+    typer.Option("--errors", dir_okay=False, help="Download the error file (failed lines) here."),
+]
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_API_KEY = "sk-llmq-dev"
 
 
 @app.command()
@@ -191,6 +214,79 @@ def bench_simulate(
     typer.echo(
         format_simulation(run_simulation(SimulationSettings.model_validate_json(settings_json)))
     )
+
+
+@batch_app.command("serve")
+def batch_serve() -> None:
+    """Run the batch service: validates and fans out batches, collects their results."""
+    from batch.service import run_batch_service
+    from batch.settings import BatchSettings
+    from llmq.logging import configure_logging
+
+    settings = BatchSettings()
+    configure_logging(settings.log_json)
+    run_batch_service(settings)
+
+
+@batch_app.command("submit")
+def batch_submit(
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="JSONL requests.")
+    ],
+    model: Annotated[
+        str | None, typer.Option(help="Set body.model on every line before uploading.")
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="Endpoint every line calls.")] = (
+        "/v1/chat/completions"
+    ),
+    window: Annotated[str, typer.Option(help="Completion window.")] = "24h",
+    metadata: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE metadata (repeatable).")
+    ] = None,
+    watch: Annotated[bool, typer.Option(help="Follow the batch like `llmq batch watch`.")] = False,
+    interval: IntervalOption = 1.0,
+    output: OutputOption = None,
+    errors: ErrorsOption = None,
+    base_url: BaseUrlOption = DEFAULT_BASE_URL,
+    api_key: ApiKeyOption = DEFAULT_API_KEY,
+) -> None:
+    """Upload a JSONL file, create a batch on it, print its id (and follow it with --watch)."""
+    from llmq.batch_cli import run_submit
+
+    code = run_submit(
+        base_url, api_key, file, model=model, endpoint=endpoint, window=window,
+        metadata=metadata or [], watch_it=watch, interval=interval, output=output, errors=errors,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+@batch_app.command("watch")
+def batch_watch(
+    batch_id: str,
+    interval: IntervalOption = 1.0,
+    output: OutputOption = None,
+    errors: ErrorsOption = None,
+    base_url: BaseUrlOption = DEFAULT_BASE_URL,
+    api_key: ApiKeyOption = DEFAULT_API_KEY,
+) -> None:
+    """Follow a batch with a progress bar to its end; exit 0 if it completed, 1 otherwise."""
+    from llmq.batch_cli import run_watch
+
+    raise typer.Exit(
+        run_watch(base_url, api_key, batch_id, interval=interval, output=output, errors=errors)
+    )
+
+
+@batch_app.command("cancel")
+def batch_cancel(
+    batch_id: str,
+    base_url: BaseUrlOption = DEFAULT_BASE_URL,
+    api_key: ApiKeyOption = DEFAULT_API_KEY,
+) -> None:
+    """Cancel a batch; print its id and status."""
+    from llmq.batch_cli import run_cancel
+
+    raise typer.Exit(run_cancel(base_url, api_key, batch_id))
 
 
 if __name__ == "__main__":

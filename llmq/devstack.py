@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -188,6 +189,10 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "LLMQ_DEPLOYMENTS": json.dumps([deployment]),
         "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team, **settings.extra_api_keys}),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
+        # moto accepts any credentials; real ones in the environment win.
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "llmq-dev"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "llmq-dev"),
+        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
     }
 
 
@@ -262,7 +267,12 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     bootstrap = f"{LOCALHOST}:{settings.kafka_port}"
     record(start_tansu(settings.kafka_port, _fresh_log("tansu")))
     valkey_dir = paths.run_dir() / "valkey"
-    record(start_valkey(settings.redis_port, _fresh_log("valkey"), data_dir=valkey_dir))
+    shutil.rmtree(valkey_dir, ignore_errors=True)  # the broker and S3 start empty: so does Redis
+    record(
+        start_valkey(
+            settings.redis_port, _fresh_log("valkey"), data_dir=valkey_dir, append_only=True
+        )
+    )
     record(start_moto(settings.s3_port, _fresh_log("moto")))
     try:
         asyncio.run(ensure_topics(bootstrap, [settings.pool], settings.partitions))
@@ -279,6 +289,8 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     gateway_env = _gateway_env(settings, model_path, bootstrap)
     gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
     record(gateway)
+    batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "batch-dev-0"}
+    record(start_llmq("batch", batch_env, _fresh_log("batch"), name="batch"))
     readyz = f"{settings.gateway_url}/readyz"
     wait_ready(
         lambda: http_status(readyz) == 200 and _all_heartbeating(settings),

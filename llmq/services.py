@@ -350,9 +350,15 @@ def valkey_binary() -> str:
 
 
 def start_valkey(
-    port: int, log_path: Path, data_dir: Path | None = None, timeout: float = 20.0
+    port: int,
+    log_path: Path,
+    data_dir: Path | None = None,
+    timeout: float = 20.0,
+    *,
+    append_only: bool = False,
 ) -> ManagedProcess:
-    """A Valkey (or redis-server) without persistence on 127.0.0.1:port."""
+    """A Valkey (or redis-server) on 127.0.0.1:port; with ``append_only`` every write is
+    fsynced to an append-only file in ``data_dir`` (batch state survives a Valkey restart)."""
     _require_free_port("valkey", port)
     workdir = data_dir if data_dir is not None else paths.run_dir() / f"valkey-{port}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -360,7 +366,12 @@ def start_valkey(
         binary = valkey_binary()
     except FileNotFoundError as exc:
         raise ServiceStartError("valkey", str(exc)) from exc
-    argv = [binary, "--port", str(port), "--bind", LOCALHOST, "--save", "", "--appendonly", "no"]
+    argv = [binary, "--port", str(port), "--bind", LOCALHOST, "--save", ""]
+    argv += (
+        ["--appendonly", "yes", "--appendfsync", "always"]
+        if append_only
+        else ["--appendonly", "no"]
+    )
     argv += ["--dir", str(workdir)]
     proc = spawn("valkey", argv, log_path, port=port)
     _started(proc, lambda: redis_ping_ok(LOCALHOST, port), timeout, "PING")
@@ -382,9 +393,13 @@ def start_moto(port: int, log_path: Path, timeout: float = 60.0) -> ManagedProce
 
 
 def start_llmq(
-    kind: Literal["gateway", "worker"], env: dict[str, str], log_path: Path, name: str | None = None
+    kind: Literal["gateway", "worker", "batch"],
+    env: dict[str, str],
+    log_path: Path,
+    name: str | None = None,
 ) -> ManagedProcess:
-    """``python -m llmq.cli <kind>`` with os.environ + env; returns once it is spawned.
+    """``python -m llmq.cli <kind>`` (``batch serve`` for the batch service) with os.environ +
+    env; returns once it is spawned.
 
     Readiness is the caller's business (the gateway's /readyz covers both): use wait_ready.
     """
@@ -394,5 +409,5 @@ def start_llmq(
     host = full_env.get("LLMQ_HOST", LOCALHOST) if gateway else LOCALHOST
     if port is not None:
         _require_free_port(name or kind, port)
-    argv = [sys.executable, "-m", "llmq.cli", kind]
+    argv = [sys.executable, "-m", "llmq.cli", *(["batch", "serve"] if kind == "batch" else [kind])]
     return spawn(name or kind, argv, log_path, port=port, env=full_env, host=host)

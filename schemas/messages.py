@@ -11,7 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.chat import FinishReason, Tier
+from schemas.chat import (
+    ChatCompletionRequest,
+    CompletionUsage,
+    FinishReason,
+    PromptTokensDetails,
+    Tier,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -41,6 +47,35 @@ class SamplingSettings(BaseModel):
     json_object: bool = False
 
 
+def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
+    fmt = request.response_format
+    json_schema = None
+    if fmt is not None and fmt.type == "json_schema":
+        json_schema = fmt.json_schema.schema_ or {"type": "object"}
+    return SamplingSettings(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
+        stop=tuple(request.stop_list),
+        seed=request.seed,
+        json_schema=json_schema,
+        json_object=fmt is not None and fmt.type == "json_object",
+    )
+
+
+class BatchLineRef(BaseModel):
+    """Which line of which batch a job runs (set only on jobs fanned out from a batch file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_id: str
+    line: int
+    """0-based index of the line in the input file."""
+    custom_id: str
+
+
 class InferenceJob(Message):
     """One request to run: produced by the gateway (or batch service), consumed by a worker."""
 
@@ -61,6 +96,10 @@ class InferenceJob(Message):
     created_at: float
     deadline: float
     reply_to: str
+    """Redis channel of the gateway holding the request, or the results topic for batch lines."""
+    batch: BatchLineRef | None = None
+    """Set on jobs from a batch file: their outcome goes to the results topic as one
+    `BatchResultEvent` instead of token events."""
 
 
 class UsageCounts(BaseModel):
@@ -69,6 +108,15 @@ class UsageCounts(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+
+    def to_openai(self) -> CompletionUsage:
+        """As OpenAI's ``usage`` object (cached tokens under ``prompt_tokens_details``)."""
+        return CompletionUsage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+        )
 
 
 class TokenEvent(Message):
@@ -102,6 +150,33 @@ class ErrorEvent(Message):
 
 ReplyEvent = Annotated[TokenEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
 reply_event_adapter: TypeAdapter[TokenEvent | FinishEvent | ErrorEvent] = TypeAdapter(ReplyEvent)
+
+
+class BatchResultEvent(Message):
+    """The outcome of one batch line, on the durable results topic (keyed by batch id).
+
+    Exactly one of ``text`` (with ``finish_reason``) and ``error_code`` is set. A line may be
+    redelivered or replayed; the collector records the first result per line and ignores the rest.
+    """
+
+    type: Literal["batch_result"] = "batch_result"
+    request_id: str
+    batch: BatchLineRef
+    model: str
+    text: str | None = None
+    finish_reason: FinishReason | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    usage: UsageCounts = UsageCounts()
+    finished_at: float
+
+
+class BatchCreatedEvent(Message):
+    """A batch was created and awaits validation and fan-out (on the batch control topic)."""
+
+    type: Literal["batch_created"] = "batch_created"
+    batch_id: str
+    team: str
 
 
 class CancelEvent(Message):

@@ -13,6 +13,15 @@ USAGE_TOPIC = "llmq.usage"
 RESULTS_TOPIC = "llmq.results"
 """Finished batch lines, keyed by batch id (durable)."""
 
+BATCHES_TOPIC = "llmq.batches"
+"""Batch control events (a batch was created), keyed by batch id; the batch service fans out."""
+
+BATCH_FANOUT_GROUP = "llmq.batch.fanout"
+"""Consumer group of the batch services on the batch control topic."""
+
+BATCH_COLLECTOR_GROUP = "llmq.batch.collector"
+"""Consumer group of the batch services on the results topic."""
+
 DEAD_TOPIC = "llmq.dead"
 """Jobs that cannot be processed, with the reason."""
 
@@ -71,7 +80,31 @@ def replica_key(replica_id: str) -> str:
     return f"llmq:replica:{replica_id}"
 
 
+def batch_key(batch_id: str) -> str:
+    """Redis hash with one batch's state (status, timestamps, counts, fan-out cursor)."""
+    return f"llmq:batch:{batch_id}"
+
+
+def batch_lines_key(batch_id: str) -> str:
+    """Redis hash of one batch's recorded lines: line index -> result line (JSON)."""
+    return f"llmq:batch:{batch_id}:lines"
+
+
+def team_batches_key(team: str) -> str:
+    """Redis sorted set of one team's batch ids, scored by creation time."""
+    return f"llmq:batches:team:{team}"
+
+
+ACTIVE_BATCHES_KEY = "llmq:batches:active"
+"""Redis set of batches not yet in a final status (the batch service sweeps them)."""
+
+
+def batch_cancel_key(batch_id: str) -> str:
+    """Redis key marking a batch as cancelled, so workers drop its queued lines."""
+    return f"llmq:batch:{batch_id}:cancelled"
+
+
 def all_topics(pools: list[str]) -> list[str]:
     """Every Kafka topic the given pools need."""
     jobs = [job_topic(pool, cls) for pool in pools for cls in PRIORITY_CLASSES]
-    return [*jobs, USAGE_TOPIC, RESULTS_TOPIC, DEAD_TOPIC]
+    return [*jobs, USAGE_TOPIC, RESULTS_TOPIC, BATCHES_TOPIC, DEAD_TOPIC]

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from schemas.messages import InferenceJob, UsageRecord
+from schemas.messages import BatchCreatedEvent, BatchResultEvent, InferenceJob, UsageRecord
 from topics import catalog
 from topics.catalog import PriorityClass
 from topics.ports import JobReceipt
@@ -109,20 +109,30 @@ class KafkaUsageSink:
         await self._producer.send(catalog.USAGE_TOPIC, usage.to_bytes(), key=usage.team.encode())
 
 
-class KafkaUsageStream:
-    """The usage topic, read by one consumer group (e.g. every gateway's quota reconciler)."""
+class KafkaTopicStream:
+    """One topic read by one consumer group; offsets are committed by hand after the work."""
 
-    def __init__(self, bootstrap: str, group_id: str, client_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        client_id: str,
+        *,
+        from_start: bool = False,
+        max_poll_interval_ms: int = 300_000,
+    ) -> None:
         self._consumer = AIOKafkaConsumer(
-            catalog.USAGE_TOPIC,
+            topic,
             bootstrap_servers=bootstrap,
             group_id=group_id,
             client_id=client_id,
             enable_auto_commit=False,
-            auto_offset_reset="latest",
+            auto_offset_reset="earliest" if from_start else "latest",
             fetch_max_wait_ms=100,
             session_timeout_ms=6000,
             heartbeat_interval_ms=500,
+            max_poll_interval_ms=max_poll_interval_ms,
         )
 
     async def start(self) -> None:
@@ -138,6 +148,37 @@ class KafkaUsageStream:
 
     async def commit(self) -> None:
         await self._consumer.commit()
+
+
+class KafkaUsageStream(KafkaTopicStream):
+    """The usage topic, read by one consumer group (e.g. every gateway's quota reconciler)."""
+
+    def __init__(self, bootstrap: str, group_id: str, client_id: str) -> None:
+        super().__init__(bootstrap, catalog.USAGE_TOPIC, group_id, client_id)
+
+
+class KafkaResultSink:
+    """Writes each batch line's `BatchResultEvent` to the durable results topic, keyed by batch."""
+
+    def __init__(self, producer: KafkaProducer) -> None:
+        self._producer = producer
+
+    async def publish(self, event: BatchResultEvent) -> None:
+        await self._producer.send(
+            catalog.RESULTS_TOPIC, event.to_bytes(), key=event.batch.batch_id.encode()
+        )
+
+
+class KafkaBatchEvents:
+    """Announces created batches on the batch control topic, keyed by batch id."""
+
+    def __init__(self, producer: KafkaProducer) -> None:
+        self._producer = producer
+
+    async def created(self, event: BatchCreatedEvent) -> None:
+        await self._producer.send(
+            catalog.BATCHES_TOPIC, event.to_bytes(), key=event.batch_id.encode()
+        )
 
 
 def job_consumer(bootstrap: str, pool: str, client_id: str) -> AIOKafkaConsumer:

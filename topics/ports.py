@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from schemas.messages import (
+    BatchResultEvent,
     CancelEvent,
     ErrorEvent,
     FinishEvent,
@@ -73,6 +74,18 @@ class EventPublisher(Protocol):
     """Worker side of the token relay."""
 
     async def publish(self, channel: str, event: ReplyEventT) -> None: ...
+
+
+class ResultSink(Protocol):
+    """Where batch lines' outcomes go (the durable results topic)."""
+
+    async def publish(self, event: BatchResultEvent) -> None: ...
+
+
+class BatchCancellations(Protocol):
+    """Whether a batch was cancelled (its queued lines are then dropped, not run)."""
+
+    async def is_batch_cancelled(self, batch_id: str) -> bool: ...
 
 
 class CancelBus(Protocol):

@@ -117,6 +117,9 @@ class RedisCancelBus:
     async def is_cancelled(self, request_id: str) -> bool:
         return bool(await self._redis.exists(catalog.cancel_key(request_id)))
 
+    async def is_batch_cancelled(self, batch_id: str) -> bool:
+        return bool(await self._redis.exists(catalog.batch_cancel_key(batch_id)))
+
     async def listen(self) -> AsyncIterator[str]:
         """Request ids as they are cancelled (workers run this for the life of the process)."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

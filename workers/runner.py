@@ -1,7 +1,8 @@
 """Runs one job through the engine and publishes what happens to it.
 
 Every job ends in exactly one terminal event (finish or error) on its `reply_to` channel and,
-when the engine ran it, one usage record that bills only the tokens that were produced.
+when the engine ran it, one usage record that bills only the tokens that were produced. A line of
+a batch file (``job.batch``) ends instead in one `BatchResultEvent` on the durable results topic.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 
 import structlog
 
+from schemas.chat import FinishReason
 from schemas.messages import (
+    BatchResultEvent,
     ErrorEvent,
     FinishEvent,
     InferenceJob,
@@ -20,7 +23,15 @@ from schemas.messages import (
     UsageCounts,
     UsageRecord,
 )
-from topics.ports import CancelBus, EventPublisher, JobLedger, QueueBacklog, UsageSink
+from topics.ports import (
+    BatchCancellations,
+    CancelBus,
+    EventPublisher,
+    JobLedger,
+    QueueBacklog,
+    ResultSink,
+    UsageSink,
+)
 from workers.engine.port import EngineClient
 from workers.load import LoadTracker
 
@@ -43,8 +54,12 @@ class JobRunner:
         ledger: JobLedger,
         backlog: QueueBacklog,
         load: LoadTracker,
+        results: ResultSink,
+        batch_cancels: BatchCancellations,
     ) -> None:
         self._engine = engine
+        self._results = results
+        self._batch_cancels = batch_cancels
         self._publisher = publisher
         self._usage = usage
         self._cancels = cancels
@@ -65,14 +80,19 @@ class JobRunner:
         if await self._cancels.is_cancelled(job.request_id):
             await self._finished(job, "cancelled", UsageCounts(), time.time())
             return JobOutcome("cancelled", UsageCounts())
+        if job.batch is not None and await self._batch_cancels.is_batch_cancelled(
+            job.batch.batch_id
+        ):
+            await self._publish_error(
+                job, "batch_cancelled", "The batch was cancelled before this line ran."
+            )
+            await self._finished(job, "cancelled", UsageCounts(), time.time())
+            return JobOutcome("cancelled", UsageCounts())
         if time.time() > job.deadline:
-            await self._publisher.publish(
-                job.reply_to,
-                ErrorEvent(
-                    request_id=job.request_id,
-                    code="deadline_exceeded",
-                    message="The request expired in the queue before a worker could start it.",
-                ),
+            await self._publish_error(
+                job,
+                "batch_expired" if job.batch is not None else "deadline_exceeded",
+                "The request expired in the queue before a worker could start it.",
             )
             bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
             await self._finished(job, "deadline_exceeded", UsageCounts(), time.time())
@@ -110,18 +130,8 @@ class JobRunner:
                 await self._publisher.publish(job.reply_to, event)
                 seq += 1
             self._ending.add(job.request_id)  # a cancel from now on changes nothing
-            if buffered is not None:
-                whole = TokenEvent(
-                    request_id=job.request_id,
-                    seq=0,
-                    text="".join(buffered),
-                    num_tokens=usage.completion_tokens,
-                )
-                await self._publisher.publish(job.reply_to, whole)
-            await self._publisher.publish(
-                job.reply_to,
-                FinishEvent(request_id=job.request_id, finish_reason=outcome, usage=usage),
-            )
+            finish_reason: FinishReason = "length" if outcome == "length" else "stop"
+            await self._publish_output(job, buffered, finish_reason, usage)
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
@@ -133,14 +143,8 @@ class JobRunner:
         except Exception as exc:
             outcome = "engine_error"
             bound.error("job_failed", error=type(exc).__name__)
-            await self._publisher.publish(
-                job.reply_to,
-                ErrorEvent(
-                    request_id=job.request_id,
-                    code="engine_error",
-                    message="The engine failed while running this request.",
-                    usage=usage,
-                ),
+            await self._publish_error(
+                job, "engine_error", "The engine failed while running this request.", usage
             )
         finally:
             self._load.finished(job.request_id)
@@ -149,6 +153,63 @@ class JobRunner:
         finally:
             self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
+
+    async def _publish_output(
+        self,
+        job: InferenceJob,
+        buffered: list[str] | None,
+        finish_reason: FinishReason,
+        usage: UsageCounts,
+    ) -> None:
+        """The successful end: buffered batch output whole, then the finish event."""
+        if job.batch is not None:
+            await self._results.publish(
+                BatchResultEvent(
+                    request_id=job.request_id,
+                    batch=job.batch,
+                    model=job.model,
+                    text="".join(buffered or []),
+                    finish_reason=finish_reason,
+                    usage=usage,
+                    finished_at=time.time(),
+                )
+            )
+            return
+        if buffered is not None:
+            whole = TokenEvent(
+                request_id=job.request_id,
+                seq=0,
+                text="".join(buffered),
+                num_tokens=usage.completion_tokens,
+            )
+            await self._publisher.publish(job.reply_to, whole)
+        await self._publisher.publish(
+            job.reply_to,
+            FinishEvent(request_id=job.request_id, finish_reason=finish_reason, usage=usage),
+        )
+
+    async def _publish_error(
+        self, job: InferenceJob, code: str, message: str, usage: UsageCounts | None = None
+    ) -> None:
+        """The failed end: an error event (a batch line's goes to the results topic)."""
+        usage = usage or UsageCounts()
+        if job.batch is not None:
+            await self._results.publish(
+                BatchResultEvent(
+                    request_id=job.request_id,
+                    batch=job.batch,
+                    model=job.model,
+                    error_code=code,
+                    error_message=message,
+                    usage=usage,
+                    finished_at=time.time(),
+                )
+            )
+            return
+        await self._publisher.publish(
+            job.reply_to,
+            ErrorEvent(request_id=job.request_id, code=code, message=message, usage=usage),
+        )
 
     def cancelled_by_client(self, request_id: str) -> bool:
         """Mark a running job's coming cancellation as its end (not a shutdown); False when

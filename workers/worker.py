@@ -8,7 +8,13 @@ import contextlib
 import structlog
 from redis.asyncio import Redis
 
-from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaUsageSink, job_consumer
+from topics.kafka import (
+    KafkaJobQueue,
+    KafkaProducer,
+    KafkaResultSink,
+    KafkaUsageSink,
+    job_consumer,
+)
 from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import (
     RedisCancelBus,
@@ -78,6 +84,8 @@ class Worker:
                 RedisJobLedger(redis),
                 RedisBacklog(redis),
                 load,
+                KafkaResultSink(producer),
+                cancels,
             )
             loop = PullLoop(
                 consumer,

@@ -22,7 +22,6 @@ from schemas.chat import (
     ChoiceDelta,
     ChunkChoice,
     CompletionUsage,
-    PromptTokensDetails,
 )
 from schemas.messages import (
     CancelEvent,
@@ -38,12 +37,7 @@ log = structlog.get_logger()
 
 
 def completion_usage(usage: UsageCounts) -> CompletionUsage:
-    return CompletionUsage(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.prompt_tokens + usage.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
-    )
+    return usage.to_openai()
 
 
 @dataclass

@@ -21,32 +21,14 @@ from gateway.errors import ApiError
 from gateway.services.admission import AdmissionController, pool_prefill_rate
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
-from gateway.services.render import ChatRenderer
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
-from schemas.messages import InferenceJob, SamplingSettings
+from schemas.messages import InferenceJob, sampling_settings
+from schemas.render import ChatRenderer
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
 
 log = structlog.get_logger()
-
-
-def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
-    fmt = request.response_format
-    json_schema = None
-    if fmt is not None and fmt.type == "json_schema":
-        json_schema = fmt.json_schema.schema_ or {"type": "object"}
-    return SamplingSettings(
-        max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        frequency_penalty=request.frequency_penalty or 0.0,
-        presence_penalty=request.presence_penalty or 0.0,
-        stop=tuple(request.stop_list),
-        seed=request.seed,
-        json_schema=json_schema,
-        json_object=fmt is not None and fmt.type == "json_object",
-    )
 
 
 def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -25,6 +27,48 @@ SMALL_TEAM_TOKENS_PER_MINUTE = 200
 STRICT_MODEL = "tiny-llama-strict"
 """The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
 MAX_MODEL_LEN = 2048
+IDLE_MODEL = "tiny-llama-idle"
+"""A model whose pool has no worker: its jobs wait in the queue (for expiry and cancel tests)."""
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "e2e",
+    "AWS_SECRET_ACCESS_KEY": "e2e",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@dataclass
+class Processes:
+    """The stack's llmq processes, each restartable with the same settings (and port)."""
+
+    logs: Path
+    specs: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    running: dict[str, services.ManagedProcess] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+
+    def start(self, name: str, kind: str, env: dict[str, str]) -> services.ManagedProcess:
+        self.specs[name] = (kind, env)
+        return self._spawn(name)
+
+    def _spawn(self, name: str) -> services.ManagedProcess:
+        kind, env = self.specs[name]
+        self.starts[name] = self.starts.get(name, 0) + 1
+        log_path = self.logs / f"{name}-{self.starts[name]}.log"
+        proc = services.start_llmq(kind, env, log_path, name=name)  # type: ignore[arg-type]
+        self.running[name] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as a crash or an OOM kill would: no drain, no goodbye."""
+        proc = self.running.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        services.stop(proc, timeout=10)
+
+    def restart(self, name: str) -> services.ManagedProcess:
+        return self._spawn(name)
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            services.stop(self.running.pop(name), timeout=30)
 
 
 @dataclass(frozen=True)
@@ -37,11 +81,23 @@ class Stack:
     redis_url: str
     pool: str
     max_model_len: int
+    processes: Processes
+    s3_endpoint: str
+    gateway_env: dict[str, str]
+
+    def wait_ready(self, base_url: str | None = None) -> None:
+        url = f"{base_url or self.base_url}/readyz"
+        services.wait_ready(
+            lambda: services.http_status(url) == 200,
+            timeout=120,
+            watch=list(self.processes.running.values()),
+            what=url,
+        )
 
 
 @pytest.fixture(scope="session")
 def stack(
-    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    kafka_bootstrap: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     import asyncio
 
@@ -49,6 +105,7 @@ def stack(
     asyncio.run(ensure_topics(kafka_bootstrap, [POOL], partitions=4))
     logs = tmp_path_factory.mktemp("stack")
     common = {"LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url}
+    asyncio.run(ensure_topics(kafka_bootstrap, ["idle"], partitions=2))
     worker_env = {
         **common,
         **engine_environment(kv_cache_gib=1.0),
@@ -81,8 +138,17 @@ def stack(
                     "max_model_len": MAX_MODEL_LEN,
                     "ttft_slo_s": 0.001,
                 },
+                {
+                    "name": IDLE_MODEL,
+                    "path": str(model_path),
+                    "pool": "idle",
+                    "max_model_len": MAX_MODEL_LEN,
+                },
             ]
         ),
+        "LLMQ_S3_ENDPOINT_URL": s3_endpoint,
+        "LLMQ_S3_BUCKET": "llmq-e2e",
+        **S3_CREDENTIALS,
         "LLMQ_API_KEYS": json.dumps({API_KEY: "e2e"}),
         "LLMQ_TEAMS": json.dumps(
             {
@@ -93,10 +159,12 @@ def stack(
             }
         ),
     }
-    worker = services.start_llmq("worker", worker_env, logs / "worker.log")
-    gateway = services.start_llmq("gateway", gateway_env, logs / "gateway.log")
+    processes = Processes(logs)
     base_url = f"http://{services.LOCALHOST}:{port}"
     try:
+        worker = processes.start("worker", "worker", worker_env)
+        gateway = processes.start("gateway", "gateway", gateway_env)
+        processes.start("batch", "batch", {**gateway_env, "LLMQ_SERVICE_ID": "e2e-batch"})
         services.wait_ready(
             lambda: services.http_status(f"{base_url}/readyz") == 200,
             timeout=600,
@@ -104,11 +172,11 @@ def stack(
             what="gateway /readyz",
         )
         yield Stack(
-            base_url, API_KEY, MODEL, model_path, kafka_bootstrap, redis_url, POOL, MAX_MODEL_LEN
-        )
+            base_url, API_KEY, MODEL, model_path, kafka_bootstrap, redis_url, POOL,
+            MAX_MODEL_LEN, processes, s3_endpoint, gateway_env,
+        )  # fmt: skip
     finally:
-        services.stop(gateway)
-        services.stop(worker, timeout=30)
+        processes.stop_all()
 
 
 @pytest.fixture(scope="session")

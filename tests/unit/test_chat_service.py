@@ -15,7 +15,6 @@ from gateway.services.chat import ChatService
 from gateway.services.intake import JobIntake
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry, ReplicaView
-from gateway.services.render import ChatRenderer
 from gateway.services.routing import PartitionRouter
 from gateway.settings import Deployment
 from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
@@ -27,6 +26,7 @@ from schemas.messages import (
     TokenEvent,
     UsageCounts,
 )
+from schemas.render import ChatRenderer
 from topics.ports import BacklogAdmission, BucketDecision, JobReceipt
 from topics.redis_relay import RedisReplyRelay
 

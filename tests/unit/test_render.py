@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.services.render import ChatRenderer, template_messages
 from schemas.chat import ChatCompletionRequest
+from schemas.render import ChatRenderer, template_messages
 
 
 class RecordingTokenizer:

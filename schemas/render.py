@@ -1,11 +1,15 @@
-"""Chat rendering: messages -> prompt token ids, with each model's own chat template."""
+"""Chat rendering: messages -> prompt token ids, with each model's own chat template.
+
+Shared by the gateway (interactive requests) and the batch service (batch lines), so both count
+and send exactly the same tokens.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gateway.settings import Deployment
 from schemas.chat import AssistantMessage, ChatMessage, ToolMessage, content_text
+from schemas.deployment import Deployment
 
 
 class Tokenizer(Protocol):

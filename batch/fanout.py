@@ -1,0 +1,206 @@
+"""Validation and fan-out: a created batch becomes one job per line on its pool's batch topic.
+
+Resumable: the number of lines produced (the cursor) is saved after every chunk, once the broker
+has acknowledged the chunk. A restart resumes at the cursor; at most one chunk is produced again,
+and those copies are harmless: a line's request id is deterministic, so the job ledger skips a
+copy that finished and the collector records each line once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from batch.finalize import BatchEnd, BatchFinalizer
+from batch.ports import FileStore, iter_lines
+from batch.results import error_line, line_id, stored
+from batch.state_port import BatchStore, StoredBatch
+from batch.validation import BatchLine, LineError, numbered_requests, parse_line, validate
+from schemas.batches import BatchError, BatchErrors
+from schemas.deployment import Deployment
+from schemas.messages import BatchLineRef, InferenceJob, sampling_settings
+from schemas.render import ChatRenderer
+from topics import catalog
+from topics.ports import JobQueue, QueueBacklog
+
+log = structlog.get_logger()
+
+
+class BatchFanout:
+    def __init__(
+        self,
+        store: BatchStore,
+        files: FileStore,
+        queue: JobQueue,
+        backlog: QueueBacklog,
+        renderer: ChatRenderer,
+        deployments: list[Deployment],
+        finalizer: BatchFinalizer,
+        *,
+        max_requests: int,
+        chunk: int,
+    ) -> None:
+        self._store = store
+        self._files = files
+        self._queue = queue
+        self._backlog = backlog
+        self._renderer = renderer
+        self._deployments = {d.name: d for d in deployments}
+        self._finalizer = finalizer
+        self._max_requests = max_requests
+        self._chunk = chunk
+
+    async def handle(self, batch_id: str) -> None:
+        """Validate the batch if it still needs it, then produce the lines not yet produced."""
+        current = await self._store.get(batch_id)
+        if current is None:
+            log.warning("batch_unknown", batch_id=batch_id)
+            return
+        if current.batch.status == "validating":
+            current = await self._validate(current)
+        if current is not None and current.batch.status in ("in_progress", "cancelling"):
+            await self._fan_out(current)
+
+    async def _validate(self, current: StoredBatch) -> StoredBatch | None:
+        batch = current.batch
+        started = time.monotonic()
+        try:
+            lines = iter_lines(self._files.read(batch.input_file_id))
+            report = await validate(lines, self._deployments.keys(), self._max_requests)
+        except FileNotFoundError:
+            report = None
+        if report is None or not report.ok:
+            errors = (
+                report.errors
+                if report is not None
+                else [BatchError(code="file_not_found", message="The input file is gone.")]
+            )
+            await self._store.set_errors(batch.id, BatchErrors(data=errors))
+            await self._store.transition(batch.id, "failed", ("validating",))
+            log.info("batch_invalid", batch_id=batch.id, errors=len(errors))
+            return None
+        assert report.model is not None  # a valid report names its one model
+        deployment = self._deployments[report.model]
+        await self._store.update(
+            batch.id, total=report.requests, model=report.model, pool=deployment.pool
+        )
+        await self._store.transition(batch.id, "in_progress", ("validating",))
+        log.info(
+            "batch_validated",
+            batch_id=batch.id,
+            team=current.team,
+            requests=report.requests,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return await self._store.get(batch.id)
+
+    async def _fan_out(self, current: StoredBatch) -> None:
+        batch = current.batch
+        assert batch.model is not None
+        deployment = self._deployments[batch.model]
+        cursor = current.cursor
+        total = batch.request_counts.total
+        started = time.monotonic()
+        chunk: list[tuple[int, int, bytes]] = []
+        lines = iter_lines(self._files.read(batch.input_file_id))
+        cancelled = batch.status == "cancelling"
+        async for index, line_no, raw in numbered_requests(lines):
+            if cancelled or index < cursor:
+                continue
+            chunk.append((index, line_no, raw))
+            if len(chunk) >= self._chunk:
+                cursor = await self._send(current, deployment, chunk)
+                chunk = []
+                latest = await self._store.get(batch.id)
+                cancelled = latest is None or latest.batch.status != "in_progress"
+        if chunk and not cancelled:
+            cursor = await self._send(current, deployment, chunk)
+        if cancelled:
+            filled = await self._finalizer.fill_missing(
+                current, "batch_cancelled", "The batch was cancelled before this line ran.",
+                start=cursor,
+            )  # fmt: skip
+            await self._store.advance_cursor(batch.id, total)
+            log.info("batch_fanout_stopped", batch_id=batch.id, produced=cursor, cancelled=filled)
+            await self._finalize_if_done(batch.id)
+            return
+        log.info(
+            "batch_fanned_out",
+            batch_id=batch.id,
+            team=current.team,
+            pool=deployment.pool,
+            lines=total,
+            resumed_at=current.cursor,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    async def _send(
+        self, current: StoredBatch, deployment: Deployment, chunk: list[tuple[int, int, bytes]]
+    ) -> int:
+        """Produce one chunk (concurrently), then save the cursor past it."""
+        await asyncio.gather(*(self._send_line(current, deployment, *item) for item in chunk))
+        cursor = chunk[-1][0] + 1
+        await self._store.advance_cursor(current.batch.id, cursor)
+        return cursor
+
+    async def _send_line(
+        self, current: StoredBatch, deployment: Deployment, index: int, line_no: int, raw: bytes
+    ) -> None:
+        batch = current.batch
+        try:
+            line = parse_line(raw, index, line_no)
+            job = self._job(current, deployment, line)
+        except LineError as exc:
+            ref = BatchLineRef(batch_id=batch.id, line=index, custom_id=_safe_custom_id(raw))
+            failed = error_line(ref, line_id(batch.id, index), exc.code, exc.message)
+            await self._store.record_line(batch.id, index, False, stored(False, failed))
+            await self._finalize_if_done(batch.id)
+            return
+        await self._backlog.add(job.pool, "batch", len(job.prompt_token_ids), job.team)
+        await self._queue.submit(job)
+
+    def _job(self, current: StoredBatch, deployment: Deployment, line: BatchLine) -> InferenceJob:
+        batch = current.batch
+        prompt = self._renderer.render(deployment.name, line.body.messages)
+        room = deployment.max_model_len - len(prompt)
+        max_tokens = line.body.output_limit or room
+        if room <= 0 or len(prompt) + max_tokens > deployment.max_model_len:
+            raise LineError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {deployment.max_model_len} tokens; "
+                f"this request needs {len(prompt) + max(max_tokens, 1)}.",
+            )
+        now = time.time()
+        return InferenceJob(
+            request_id=line_id(batch.id, line.index),
+            team=current.team,
+            model=deployment.name,
+            pool=deployment.pool,
+            tier="batch",
+            prompt_token_ids=tuple(prompt),
+            sampling=sampling_settings(line.body, max_tokens),
+            stream=False,
+            created_at=now,
+            deadline=float(batch.expires_at or now + 86_400),
+            reply_to=catalog.RESULTS_TOPIC,
+            batch=BatchLineRef(batch_id=batch.id, line=line.index, custom_id=line.custom_id),
+        )
+
+    async def _finalize_if_done(self, batch_id: str) -> None:
+        current = await self._store.get(batch_id)
+        if current is None:
+            return
+        counts = current.batch.request_counts
+        if counts.total and counts.completed + counts.failed >= counts.total:
+            end: BatchEnd = "cancelled" if current.batch.status == "cancelling" else "completed"
+            await self._finalizer.finalize(batch_id, end)
+
+
+def _safe_custom_id(raw: bytes) -> str:
+    try:
+        line = parse_line(raw, 0, 0)
+    except LineError:
+        return ""
+    return line.custom_id

@@ -1,0 +1,169 @@
+"""The batch service process: fan-out, result collection and the sweeper, wired to real adapters.
+
+Stateless: every batch's state is in Redis, files are in S3, jobs and results are on Kafka, so
+any number of these run side by side and any of them may be killed at any time. Kafka consumer
+groups split the work: each created batch is fanned out by one service, each batch's results
+(keyed by batch id) are collected by one service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+
+import aioboto3
+import structlog
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from batch.collector import ResultCollector
+from batch.fanout import BatchFanout
+from batch.finalize import BatchFinalizer
+from batch.redis_store import RedisBatchStore
+from batch.s3_files import S3FileStore
+from batch.settings import BatchSettings
+from batch.state_port import BatchStore
+from schemas.messages import BatchCreatedEvent
+from schemas.render import ChatRenderer
+from topics import catalog
+from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
+from topics.redis_backlog import RedisBacklog
+
+log = structlog.get_logger()
+
+
+class BatchSweeper:
+    """Ends batches nobody else will: expired ones, cancels whose lines never reported back,
+    finalizations whose finalizer died, and completions whose trigger was lost."""
+
+    def __init__(
+        self, store: BatchStore, finalizer: BatchFinalizer, settings: BatchSettings
+    ) -> None:
+        self._store = store
+        self._finalizer = finalizer
+        self._settings = settings
+
+    async def sweep(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for batch_id in await self._store.active():
+            try:
+                await self._sweep_one(batch_id, now)
+            except Exception as exc:  # one broken batch must not stop the others
+                log.warning("batch_sweep_failed", batch_id=batch_id, error=type(exc).__name__)
+
+    async def _sweep_one(self, batch_id: str, now: float) -> None:
+        current = await self._store.get(batch_id)
+        if current is None:
+            return
+        batch = current.batch
+        counts = batch.request_counts
+        done = counts.total > 0 and counts.completed + counts.failed >= counts.total
+        if (
+            batch.status in ("validating", "in_progress")
+            and batch.expires_at
+            and (now >= batch.expires_at)
+        ):
+            filled = await self._finalizer.fill_missing(
+                current, "batch_expired", "The batch expired before this request ran."
+            )
+            log.info("batch_expiring", batch_id=batch_id, expired_lines=filled)
+            await self._finalizer.finalize(batch_id, "expired")
+        elif batch.status == "cancelling":
+            if not done and now - (batch.cancelling_at or now) >= self._settings.cancel_grace_s:
+                await self._finalizer.fill_missing(
+                    current, "batch_cancelled", "The batch was cancelled before this line ran."
+                )
+                done = True
+            if done:
+                await self._finalizer.finalize(batch_id, "cancelled")
+        elif batch.status == "in_progress" and done:
+            await self._finalizer.finalize(batch_id, "completed")
+        elif batch.status == "finalizing" and (
+            now - (batch.finalizing_at or now) >= self._settings.finalize_lease_s
+        ):
+            await self._finalizer.finalize(batch_id, "completed")
+
+    async def run(self) -> None:
+        while True:
+            await self.sweep()
+            await asyncio.sleep(self._settings.sweep_interval_s)
+
+
+async def fan_out_created(stream: KafkaTopicStream, fanout: BatchFanout) -> None:
+    """Fan out each created batch; its control event is committed only once it is fanned out."""
+    async for raw in stream.records():
+        try:
+            event = BatchCreatedEvent.model_validate_json(raw)
+        except ValidationError:
+            log.warning("batch_event_rejected", size=len(raw))
+        else:
+            await fanout.handle(event.batch_id)
+        await stream.commit()
+
+
+async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
+    """Run until ``stop`` is set."""
+    client_id = settings.service_id
+    await ensure_topics(settings.kafka_bootstrap, sorted({d.pool for d in settings.deployments}))
+    redis = Redis.from_url(settings.redis_url)
+    store = RedisBatchStore(redis)
+    files = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
+    producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
+    control = KafkaTopicStream(
+        settings.kafka_bootstrap, catalog.BATCHES_TOPIC, catalog.BATCH_FANOUT_GROUP, client_id,
+        from_start=True, max_poll_interval_ms=3_600_000,
+    )  # fmt: skip
+    results = KafkaTopicStream(
+        settings.kafka_bootstrap, catalog.RESULTS_TOPIC, catalog.BATCH_COLLECTOR_GROUP, client_id,
+        from_start=True,
+    )  # fmt: skip
+    finalizer = BatchFinalizer(store, files, client_id, settings.finalize_lease_s)
+    fanout = BatchFanout(
+        store, files, KafkaJobQueue(producer), RedisBacklog(redis),
+        ChatRenderer.load(settings.deployments), settings.deployments, finalizer,
+        max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
+    )  # fmt: skip
+    collector = ResultCollector(results, store, finalizer)
+    sweeper = BatchSweeper(store, finalizer, settings)
+    await files.start()
+    await producer.start()
+    await control.start()
+    await results.start()
+    tasks = [
+        asyncio.create_task(fan_out_created(control, fanout), name="batch-fanout"),
+        asyncio.create_task(collector.run(), name="batch-collector"),
+        asyncio.create_task(sweeper.run(), name="batch-sweeper"),
+    ]
+    log.info("batch_service_started", service_id=client_id)
+    try:
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopped and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await collector.drain()
+        await results.stop()
+        await control.stop()
+        await producer.stop()
+        await files.stop()
+        await redis.aclose()
+        log.info("batch_service_stopped", service_id=client_id)
+
+
+def run_batch_service(settings: BatchSettings) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    asyncio.run(main())
