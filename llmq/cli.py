@@ -202,6 +202,27 @@ def bench_load(
         json_path.write_text(result + "\n")
 
 
+@bench_app.command("batch")
+def bench_batch(
+    settings_json: Annotated[
+        str,
+        typer.Option(
+            "--settings", help='BatchFileSettings as JSON: {"lines": 1000, "load": {...}}.'
+        ),
+    ] = "{}",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """A batch file through the Batch API beside an interactive stream, and without it."""
+    from llmq.bench.batch_file import BatchFileSettings, format_batch_file, run_batch_file
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False, level="WARNING")
+    comparison = run_batch_file(BatchFileSettings.model_validate_json(settings_json))
+    typer.echo(format_batch_file(comparison))
+    if json_path is not None:
+        json_path.write_text(comparison.model_dump_json(indent=2) + "\n")
+
+
 @bench_app.command("simulate")
 def bench_simulate(
     settings_json: Annotated[

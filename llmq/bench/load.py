@@ -23,6 +23,7 @@ team A with and without team B flooding). Loopback gateways only; counts and tim
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -143,8 +144,12 @@ async def _sample_heartbeats(
         await redis.aclose()
 
 
-async def run_load_async(settings: LoadSettings, *, transport: Any = None) -> LoadReport:
+async def run_load_async(
+    settings: LoadSettings, *, transport: Any = None, stop: asyncio.Event | None = None
+) -> LoadReport:
     """Send the whole plan on time, wait (bounded) for every request, summarise.
+
+    With ``stop``, no request is sent once it is set (the rest of the plan is dropped).
 
     ``transport`` replaces the HTTP transport: a transport of the HTTP library the openai SDK
     is built on (tests pass its ``MockTransport``).
@@ -193,7 +198,12 @@ async def run_load_async(settings: LoadSettings, *, transport: Any = None) -> Lo
     try:
         for at, sample, messages in plan:
             delay = started + at - time.perf_counter()
-            if delay > 0:
+            if stop is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(delay, 0))
+                if stop.is_set():
+                    break
+            elif delay > 0:
                 await asyncio.sleep(delay)
             sample.start_s = time.perf_counter() - started
             samples.append(sample)

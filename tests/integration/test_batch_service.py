@@ -48,6 +48,15 @@ class CharTokenizer:
 
 
 @pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A Redis database of its own: the session's e2e batch service (database 0) also reads the
+    results topic, and must not find these tests' batches."""
+    client = Redis.from_url(redis_url.rsplit("/", 1)[0] + "/7")
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
 async def files(s3_endpoint: str) -> AsyncIterator[S3FileStore]:
     session = aioboto3.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
