@@ -158,7 +158,6 @@ class PullLoop:
         await self._drain(drain_grace_s)
 
     def _engine_load(self) -> EngineLoad:
-        running = self._load.running_jobs()
         reserved = sum(
             self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
             for _, f in self._running.values()
@@ -174,7 +173,10 @@ class PullLoop:
             # slot, or a batch job to preempt), so waiting interactive work reaches this
             # buffer promptly; high watermarks of paused partitions would be stale anyway.
             interactive_backlog=self._buffer.count(PRIORITY["interactive"]),
-            batch_in_flight=sum(1 for job in running if job.tier == "batch"),
+            # Every held batch job, started in the runner or not yet (a job's task reaches the
+            # engine only after a few Redis round trips): counting only running ones let one
+            # fetch start a burst of batch jobs past the cap.
+            batch_in_flight=sum(1 for _, f in self._running.values() if f.job.tier == "batch"),
         )
 
     async def _start_what_fits(self) -> None:
@@ -202,7 +204,7 @@ class PullLoop:
                 continue
             if tier == "interactive" and self._policy.preemption_needed(load, tier, item.tokens):
                 victim = self._policy.choose_victim(self._load.running_jobs())
-                if victim is not None and await self._preempt(victim.request_id):
+                if victim is not None and await self._preempt(victim.request_id, load):
                     continue
             return
 
@@ -298,7 +300,7 @@ class PullLoop:
                 self.offsets.finished(item.tp, item.offset)
             self._wake.set()
 
-    async def _preempt(self, request_id: str) -> bool:
+    async def _preempt(self, request_id: str, load: EngineLoad) -> bool:
         entry = self._running.get(request_id)
         if entry is None:
             return False
@@ -307,7 +309,15 @@ class PullLoop:
         task.cancel()
         await self._engine.abort(request_id)
         await asyncio.wait([task])
-        log.info("job_preempted", request_id=request_id)
+        log.info(
+            "job_preempted",
+            request_id=request_id,
+            in_flight=load.in_flight,
+            max_num_seqs=load.max_num_seqs,
+            kv_cache_usage=round(load.kv_cache_usage, 3),
+            kv_capacity_tokens=load.kv_capacity_tokens,
+            reserved_tokens=load.reserved_tokens,
+        )
         return True
 
     async def _requeue_job(self, job: InferenceJob) -> bool:

@@ -105,6 +105,7 @@ class JobRunner:
         # again, and its caller must never see the restart.
         buffered: list[str] | None = [] if job.tier == "batch" else None
         seq = 0
+        first_token_at: float | None = None
         self._load.started(job)
         try:
             async for step in self._engine.generate(job):
@@ -118,6 +119,8 @@ class JobRunner:
                     outcome = "length"
                 if not (step.text or step.num_new_tokens):
                     continue
+                if first_token_at is None:
+                    first_token_at = time.time()
                 if buffered is not None:
                     buffered.append(step.text)
                     continue
@@ -149,7 +152,7 @@ class JobRunner:
         finally:
             self._load.finished(job.request_id)
         try:
-            await self._finished(job, outcome, usage, started)
+            await self._finished(job, outcome, usage, started, first_token_at)
         finally:
             self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
@@ -220,7 +223,12 @@ class JobRunner:
         return True
 
     async def _finished(
-        self, job: InferenceJob, outcome: str, usage: UsageCounts, started: float
+        self,
+        job: InferenceJob,
+        outcome: str,
+        usage: UsageCounts,
+        started: float,
+        first_token_at: float | None = None,
     ) -> None:
         """A terminal outcome: remember it, and bill exactly the tokens produced."""
         await self._ledger.mark_finished(job.request_id)
@@ -247,4 +255,6 @@ class JobRunner:
             cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens,
             seconds=round(time.time() - started, 4),
+            queued_s=round(started - job.created_at, 4),
+            first_token_s=None if first_token_at is None else round(first_token_at - started, 4),
         )

@@ -29,7 +29,12 @@ def make_job(pool: str, relay: RedisReplyRelay, request_id: str, **fields: Any) 
 
 
 def start_worker(
-    pool: str, kafka: str, redis: str, engine: ScriptedEngine, replica: str = "0"
+    pool: str,
+    kafka: str,
+    redis: str,
+    engine: ScriptedEngine,
+    replica: str = "0",
+    **settings_fields: Any,
 ) -> tuple[Worker, asyncio.Task[None]]:
     settings = WorkerSettings(
         kafka_bootstrap=kafka,
@@ -37,6 +42,7 @@ def start_worker(
         pool=pool,
         model="m",
         replica_id=f"w-{pool}-{replica}",
+        **settings_fields,
     )
     worker = Worker(settings, engine)
     return worker, asyncio.create_task(worker.run())

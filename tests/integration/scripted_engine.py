@@ -33,6 +33,8 @@ class ScriptedEngine:
         self.kv_capacity_tokens = 0
         self.calls: Counter[str] = Counter()
         self.running: set[str] = set()
+        self.peak_running = 0
+        """The most jobs that were generating at once."""
         self.started = asyncio.Event()
         self.generating = asyncio.Event()
         """Set once the first job starts generating."""
@@ -44,6 +46,7 @@ class ScriptedEngine:
         self.calls[job.request_id] += 1
         self.order.append(job.request_id)
         self.running.add(job.request_id)
+        self.peak_running = max(self.peak_running, len(self.running))
         self.generating.set()
         try:
             if job.request_id in self.hold:

@@ -72,3 +72,22 @@ async def test_expired_job_is_not_run(
     assert late[0].code == "deadline_exceeded"
     assert isinstance(fine[-1], FinishEvent)
     assert "late" not in engine.calls and engine.calls["fine"] == 1
+
+
+async def test_batch_cap_holds_while_a_fetch_brings_many_batch_jobs(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    # Plenty of slots, a cap of 2 batch jobs: a fetch that returns ten batch jobs at once must
+    # still start only two (jobs reach the engine a few Redis round trips after they start).
+    engine = ScriptedEngine(tokens=5, max_num_seqs=8, step_s=0.01)
+    queue = KafkaJobQueue(producer)
+    batch = [f"capped-{i}" for i in range(10)]
+    for rid in batch:
+        relay.open(rid)
+        await queue.submit(make_job(pool, relay, rid, tier="batch"))
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine, batch_max_in_flight=2)
+    results = {rid: await collect(relay, rid) for rid in batch}
+    worker.drain()
+    await asyncio.wait_for(task, 30)
+    assert all(isinstance(events[-1], FinishEvent) for events in results.values())
+    assert engine.peak_running == 2, engine.peak_running
