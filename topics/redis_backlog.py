@@ -24,16 +24,17 @@ return 1
 """
 
 # KEYS: the pool's counter, the team's counter. ARGV: tokens, pool limit, ttl in ms, team
-# limit. Adds to both when the team's queue stays within its limit and the pool's within its
-# own; a team with nothing queued is always admitted (so a flooding team cannot lock others
-# out: the pool overshoots by at most one request per team). Returns {1 if added else 0,
-# pool tokens before, team tokens before}.
+# limit. Adds to both when the pool's queue stays within its limit and, while other teams
+# have work queued, the team's within its share (alone, a team may use the whole pool: the
+# share is work-conserving). A team with nothing queued is always admitted (so a flooding
+# team cannot lock others out: the pool overshoots by at most one request per team).
+# Returns {1 if added else 0, pool tokens before, team tokens before}.
 _TRY_ADD = """
 local n = tonumber(ARGV[1])
 local queued = tonumber(redis.call('GET', KEYS[1])) or 0
 local team = tonumber(redis.call('GET', KEYS[2])) or 0
 if team > 0 and queued + n > tonumber(ARGV[2]) then return {0, queued, team} end
-if team > 0 and team + n > tonumber(ARGV[4]) then return {0, queued, team} end
+if team > 0 and queued > team and team + n > tonumber(ARGV[4]) then return {0, queued, team} end
 redis.call('SET', KEYS[1], queued + n, 'PX', ARGV[3])
 redis.call('SET', KEYS[2], team + n, 'PX', ARGV[3])
 return {1, queued, team}

@@ -77,27 +77,35 @@ async def test_concurrent_admissions_never_overshoot_the_limit(redis_url: str) -
         await redis.aclose()
 
 
-async def test_a_flooding_team_is_held_to_its_share(redis_url: str) -> None:
+async def test_a_flooding_team_is_held_to_its_share_while_another_team_waits(
+    redis_url: str,
+) -> None:
     redis = Redis.from_url(redis_url)
     backlog = RedisBacklog(redis)
     pool = f"share-{uuid.uuid4().hex[:6]}"
     try:
-        flood = [
+        # Alone, a team may fill the pool's queue (the share leaves no room idle) ...
+        alone = [
             await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
             for _ in range(8)
         ]
-        assert [r.added for r in flood] == [True] * 5 + [False] * 3
-        assert flood[-1].team_queued == 500
+        assert [r.added for r in alone] == [True] * 8
         other = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
-        assert other.added and other.queued == 500 and other.team_queued == 0
-        await backlog.remove(pool, "interactive", 100, team="b")
+        assert other.added and other.queued == 800 and other.team_queued == 0
+        # ... but while another team waits, it is held to its share.
+        held = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
+        assert not held.added and held.team_queued == 800
+        for _ in range(4):
+            await backlog.remove(pool, "interactive", 100, team="b")
         again = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
         assert again.added and again.team_queued == 400
+        over = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
+        assert not over.added and over.team_queued == 500
         # A team with nothing queued is admitted even when the pool is at its limit ...
-        for team in ("c", "d", "e", "f", "g"):
+        for team in ("c", "d", "e", "f", "g", "h"):
             added = await backlog.try_add(pool, "interactive", 100, 1_000, team=team)
             assert added.added
-        assert await backlog.queued(pool, "interactive") == 1_100
+        assert await backlog.queued(pool, "interactive") == 1_200
         # ... while a team that already queues waits for the pool to drain.
         late = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
         assert not late.added
