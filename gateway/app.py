@@ -84,7 +84,6 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             if settings.routing == "affinity"
             else None,
             request_timeout_s=settings.request_timeout_s,
-            team_share=settings.admission_team_share,
         )
         app.state.redis = redis
         app.state.producer = producer

@@ -49,9 +49,6 @@ class GatewaySettings(BaseSettings):
     not listed get the default policy."""
     admission_overhead_s: float = 0.05
     """Fixed part of the predicted TTFT (queue hops, first decode step)."""
-    admission_team_share: float = 0.5
-    """Share of a pool's admissible interactive backlog one team may hold: a flooding team is
-    refused (429) at its share while other teams are still admitted."""
     fallback_prefill_tokens_per_s: float = 2000.0
     """Prefill rate assumed for a pool whose workers have not measured one yet."""
     routing: Literal["affinity", "random"] = "affinity"

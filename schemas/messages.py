@@ -76,6 +76,21 @@ class BatchLineRef(BaseModel):
     custom_id: str
 
 
+class ReplayMarker(BaseModel):
+    """Where a replayed job came from, and whether it runs even if it already finished."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replay_id: str
+    """One id per `llmq replay` run (in logs, to tell its jobs apart)."""
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    replayed_at: float
+    force: bool = False
+    """Run even if the request already finished (the done ledger is not consulted)."""
+
+
 class InferenceJob(Message):
     """One request to run: produced by the gateway (or batch service), consumed by a worker."""
 
@@ -100,6 +115,8 @@ class InferenceJob(Message):
     batch: BatchLineRef | None = None
     """Set on jobs from a batch file: their outcome goes to the results topic as one
     `BatchResultEvent` instead of token events."""
+    replay: ReplayMarker | None = None
+    """Set on jobs re-driven by `llmq replay` (incident recovery)."""
 
 
 class UsageCounts(BaseModel):
@@ -177,6 +194,24 @@ class BatchCreatedEvent(Message):
     type: Literal["batch_created"] = "batch_created"
     batch_id: str
     team: str
+
+
+class DeadLetter(Message):
+    """A job that could not be processed, with the reason and the original record, on the
+    dead-letter topic (keyed by request id when known). `llmq replay --dead` re-drives it."""
+
+    type: Literal["dead_letter"] = "dead_letter"
+    reason: Literal["unparseable", "unknown_schema_version", "engine_failed"]
+    detail: str
+    """What went wrong (a parse error's summary, an exception's type): never the content."""
+    request_id: str | None = None
+    topic: str
+    partition: int
+    offset: int
+    payload_b64: str
+    """The original record's value, base64-encoded (it may not be valid UTF-8)."""
+    failed_at: float
+    attempts: int = 1
 
 
 class CancelEvent(Message):

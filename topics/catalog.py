@@ -65,9 +65,9 @@ def backlog_key(pool: str, tier: PriorityClass) -> str:
     return f"llmq:backlog:{pool}:{tier}"
 
 
-def team_backlog_key(pool: str, tier: PriorityClass, team: str) -> str:
-    """Redis counter of one team's queued prompt tokens in one pool and class."""
-    return f"llmq:backlog:{pool}:{tier}:team:{team}"
+def team_backlogs_key(pool: str, tier: PriorityClass) -> str:
+    """Redis hash of queued prompt tokens per team (field) in one pool and class."""
+    return f"llmq:backlog:{pool}:{tier}:teams"
 
 
 def bucket_key(team: str) -> str:

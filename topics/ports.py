@@ -113,6 +113,9 @@ class BacklogAdmission:
     """The pool's queued prompt tokens before this request."""
     team_queued: int = 0
     """The request's team's share of them."""
+    ahead: int = 0
+    """Queued tokens served before this request under fair queuing between teams: the team's
+    own queue plus, of every other team's, at most as much as this team will then have queued."""
 
 
 class QueueBacklog(Protocol):
@@ -129,10 +132,10 @@ class QueueBacklog(Protocol):
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
-        team_limit: int | None = None,
     ) -> BacklogAdmission:
-        """Queue the tokens atomically if the pool's backlog stays within `limit` and the
-        team's within `team_limit` (an empty queue always admits)."""
+        """Queue the tokens atomically if what is served before them under fair queuing
+        between teams (`BacklogAdmission.ahead`) plus themselves stays within `limit`; a team
+        with nothing queued is always admitted."""
         ...
 
     async def remove(

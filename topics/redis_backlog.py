@@ -1,43 +1,62 @@
-"""Redis adapter: queued prompt tokens per pool and tier (the admission controller's backlog).
+"""Redis adapter: queued prompt tokens per pool and tier, and per team within them (the
+admission controller's backlog).
 
 The gateway adds a job's prompt tokens when it produces the job; the worker removes them when
 it starts (or drops) the job. Removal is clamped at 0 atomically, so a redelivered job removed
-twice never drives the counter negative. Every change refreshes an idle TTL, so a counter that
+twice never drives a counter negative. Every change refreshes an idle TTL, so a counter that
 drifted (a job lost between produce and start) resets once the pool has been quiet a while.
 """
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from redis.asyncio import Redis
 
-from topics.catalog import PriorityClass, backlog_key, team_backlog_key
+from topics.catalog import PriorityClass, backlog_key, team_backlogs_key
 from topics.ports import BacklogAdmission
 
-# KEYS: counters to lower. ARGV: tokens, ttl in ms. Each is clamped at 0.
+NO_TEAM = "-"
+"""The team field of callers that name none."""
+
+# KEYS: the pool's counter, the pool's per-team hash. ARGV: tokens, ttl in ms, team.
+# Each is lowered and clamped at 0; a team at 0 leaves the hash.
 _REMOVE = """
-for _, key in ipairs(KEYS) do
-  local left = (tonumber(redis.call('GET', key)) or 0) - tonumber(ARGV[1])
-  if left < 0 then left = 0 end
-  redis.call('SET', key, left, 'PX', ARGV[2])
+local n = tonumber(ARGV[1])
+local left = (tonumber(redis.call('GET', KEYS[1])) or 0) - n
+if left < 0 then left = 0 end
+redis.call('SET', KEYS[1], left, 'PX', ARGV[2])
+local mine = (tonumber(redis.call('HGET', KEYS[2], ARGV[3])) or 0) - n
+if mine > 0 then
+  redis.call('HSET', KEYS[2], ARGV[3], mine)
+else
+  redis.call('HDEL', KEYS[2], ARGV[3])
 end
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 return 1
 """
 
-# KEYS: the pool's counter, the team's counter. ARGV: tokens, pool limit, ttl in ms, team
-# limit. Adds to both when the pool's queue stays within its limit and, while other teams
-# have work queued, the team's within its share (alone, a team may use the whole pool: the
-# share is work-conserving). A team with nothing queued is always admitted (so a flooding
-# team cannot lock others out: the pool overshoots by at most one request per team).
-# Returns {1 if added else 0, pool tokens before, team tokens before}.
+# KEYS: the pool's counter, the pool's per-team hash. ARGV: tokens, limit, ttl in ms, team.
+# Workers serve teams in weighted fair order, so what is served before this request is the
+# team's own queue plus, of each other team's, at most what this team will then have queued
+# (equal weights assumed here). The request is queued when that plus itself fits the limit; a
+# team with nothing queued is always admitted (so a flooding team cannot lock others out: the
+# pool overshoots by at most one request per team). Returns {added, pool tokens before, team
+# tokens before, tokens ahead}.
 _TRY_ADD = """
 local n = tonumber(ARGV[1])
 local queued = tonumber(redis.call('GET', KEYS[1])) or 0
-local team = tonumber(redis.call('GET', KEYS[2])) or 0
-if team > 0 and queued + n > tonumber(ARGV[2]) then return {0, queued, team} end
-if team > 0 and queued > team and team + n > tonumber(ARGV[4]) then return {0, queued, team} end
+local mine = tonumber(redis.call('HGET', KEYS[2], ARGV[4])) or 0
+local ahead = mine
+local teams = redis.call('HGETALL', KEYS[2])
+for i = 1, #teams, 2 do
+  if teams[i] ~= ARGV[4] then ahead = ahead + math.min(tonumber(teams[i + 1]) or 0, mine + n) end
+end
+if mine > 0 and ahead + n > tonumber(ARGV[2]) then return {0, queued, mine, ahead} end
 redis.call('SET', KEYS[1], queued + n, 'PX', ARGV[3])
-redis.call('SET', KEYS[2], team + n, 'PX', ARGV[3])
-return {1, queued, team}
+redis.call('HINCRBY', KEYS[2], ARGV[4], n)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {1, queued, mine, ahead}
 """
 
 
@@ -50,21 +69,21 @@ class RedisBacklog:
         self._remove = redis.register_script(_REMOVE)
         self._try_add = redis.register_script(_TRY_ADD)
 
-    def _keys(self, pool: str, tier: PriorityClass, team: str | None) -> list[str]:
-        keys = [backlog_key(pool, tier)]
-        if team is not None:
-            keys.append(team_backlog_key(pool, tier, team))
-        return keys
+    @staticmethod
+    def _keys(pool: str, tier: PriorityClass) -> list[str]:
+        return [backlog_key(pool, tier), team_backlogs_key(pool, tier)]
 
     async def add(
         self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
     ) -> None:
         if prompt_tokens <= 0:
             return
+        pool_key, teams_key = self._keys(pool, tier)
         async with self._redis.pipeline(transaction=True) as pipe:
-            for key in self._keys(pool, tier, team):
-                pipe.incrby(key, prompt_tokens)
-                pipe.pexpire(key, self._idle_ttl_ms)
+            pipe.incrby(pool_key, prompt_tokens)
+            pipe.pexpire(pool_key, self._idle_ttl_ms)
+            pipe.hincrby(teams_key, team or NO_TEAM, prompt_tokens)
+            pipe.pexpire(teams_key, self._idle_ttl_ms)
             await pipe.execute()
 
     async def try_add(
@@ -74,21 +93,15 @@ class RedisBacklog:
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
-        team_limit: int | None = None,
     ) -> BacklogAdmission:
-        """Atomically queue the tokens if the backlogs stay within their limits (or are
-        empty): concurrent admissions on any number of gateways never overshoot."""
-        keys = [backlog_key(pool, tier), team_backlog_key(pool, tier, team or "-")]
-        added, queued, team_queued = await self._try_add(
-            keys=keys,
-            args=[
-                prompt_tokens,
-                limit,
-                self._idle_ttl_ms,
-                limit if team_limit is None else team_limit,
-            ],
+        """Atomically queue the tokens if what is served before them fits the limit (or the
+        team has nothing queued): concurrent admissions on any gateways never overshoot."""
+        result = await self._try_add(
+            keys=self._keys(pool, tier),
+            args=[prompt_tokens, limit, self._idle_ttl_ms, team or NO_TEAM],
         )
-        return BacklogAdmission(bool(added), int(queued), int(team_queued))
+        added, queued, team_queued, ahead = cast(list[Any], result)
+        return BacklogAdmission(bool(added), int(queued), int(team_queued), int(ahead))
 
     async def remove(
         self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
@@ -96,9 +109,14 @@ class RedisBacklog:
         if prompt_tokens <= 0:
             return
         await self._remove(
-            keys=self._keys(pool, tier, team), args=[prompt_tokens, self._idle_ttl_ms]
+            keys=self._keys(pool, tier), args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM]
         )
 
     async def queued(self, pool: str, tier: PriorityClass) -> int:
         raw = await self._redis.get(backlog_key(pool, tier))
         return max(int(raw), 0) if raw is not None else 0
+
+    async def team_queued(self, pool: str, tier: PriorityClass) -> dict[str, int]:
+        """Queued tokens per team (teams with nothing queued are absent)."""
+        raw = await self._redis.hgetall(team_backlogs_key(pool, tier))
+        return {k.decode(): int(v) for k, v in cast(dict[bytes, bytes], raw).items()}

@@ -66,6 +66,18 @@ class _Class(Generic[T]):
         self.served_finish[entry.team] = entry.finish
         return entry
 
+    def pop_team(self, accept: Callable[[str], bool]) -> _Entry[T] | None:
+        """The smallest-tagged entry of a team ``accept`` allows, served out of turn."""
+        candidates = [e for e in self.heap if accept(e.team)]
+        if not candidates:
+            return None
+        entry = min(candidates)
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+        self.virtual_time = max(self.virtual_time, entry.start)
+        self.served_finish[entry.team] = entry.finish
+        return entry
+
     def remove(self, predicate: Callable[[T], bool]) -> list[_Entry[T]]:
         removed: list[_Entry[T]] = []
         kept: list[_Entry[T]] = []
@@ -135,6 +147,18 @@ class FairQueue(Generic[T]):
             return None
         cls = self._classes[priority]
         entry = cls.pop()
+        if not cls.heap:
+            del self._classes[priority]
+        self._len -= 1
+        return entry.item
+
+    def pop_team(self, priority: int, accept: Callable[[str], bool]) -> T | None:
+        """The next item of one class among the teams ``accept`` allows (e.g. teams that hold
+        no running job); None if there is none. Within those teams, fair order holds."""
+        cls = self._classes.get(priority)
+        entry = cls.pop_team(accept) if cls else None
+        if cls is None or entry is None:
+            return None
         if not cls.heap:
             del self._classes[priority]
         self._len -= 1

@@ -46,6 +46,8 @@ class EngineLoad:
     """Interactive jobs known to be queued in this worker's partitions or buffer."""
     batch_in_flight: int = 0
     """Batch jobs among ``in_flight``: what preemption can free."""
+    teams_in_flight: frozenset[str] = frozenset()
+    """Teams holding at least one job (for the slots kept for a team that holds none)."""
 
     @classmethod
     def from_stats(
@@ -58,6 +60,7 @@ class EngineLoad:
         reserved_tokens: int = 0,
         interactive_backlog: int = 0,
         batch_in_flight: int = 0,
+        teams_in_flight: frozenset[str] = frozenset(),
     ) -> EngineLoad:
         """Build a load from the engine's own statistics plus what the worker tracks."""
         return cls(
@@ -68,6 +71,7 @@ class EngineLoad:
             reserved_tokens=reserved_tokens,
             interactive_backlog=interactive_backlog,
             batch_in_flight=batch_in_flight,
+            teams_in_flight=teams_in_flight,
         )
 
 
@@ -125,6 +129,11 @@ class HeadroomPolicy:
     """Most batch jobs running at once (None: as many as slots allow). On a GPU, decode is
     memory-bound and extra sequences cost interactive ones little; on a CPU every sequence
     lengthens every step, so a small cap keeps interactive TPOT while batch still drains."""
+    team_slot_reserve: int = 1
+    """Sequence slots kept free for a team that holds no job on this worker: a team already
+    running here starts another job only while more slots than this are free, so another
+    team's first request never waits for a flooding team's jobs to end. Applies only when
+    ``max_num_seqs`` is above twice the reserve."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_kv_watermark <= self.interactive_kv_limit <= 1.0:
@@ -160,9 +169,21 @@ class HeadroomPolicy:
         room = (self.kv_limit(tier) - load.kv_cache_usage) * load.kv_capacity_tokens
         return round(room) - load.reserved_tokens  # round, not floor: 0.7 - 0.2 < 0.5
 
-    def can_start(self, load: EngineLoad, job_tokens: int, tier: Tier) -> bool:
-        """Whether a job of ``job_tokens`` (see `job_tokens`) and this class may start now."""
-        if self.free_slots(load) == 0:
+    def slots_for(self, load: EngineLoad, team: str | None) -> int:
+        """Free slots a job of ``team`` may take: all of them for a team holding no job here
+        (or when no team is given), all but the reserve for a team that already holds one."""
+        free = self.free_slots(load)
+        reserve = self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0
+        if team is None or team not in load.teams_in_flight:
+            return free
+        return max(free - reserve, 0)
+
+    def can_start(
+        self, load: EngineLoad, job_tokens: int, tier: Tier, team: str | None = None
+    ) -> bool:
+        """Whether a job of ``job_tokens`` (see `job_tokens`), this class and this team may
+        start now (see `slots_for`)."""
+        if self.slots_for(load, team) == 0:
             return False
         if tier == "batch" and not self._batch_open(load):
             return False
@@ -171,7 +192,9 @@ class HeadroomPolicy:
         room = self.free_kv_tokens(load, tier)
         return room is None or job_tokens <= room
 
-    def preemption_needed(self, load: EngineLoad, tier: Tier, job_tokens: int = 1) -> bool:
+    def preemption_needed(
+        self, load: EngineLoad, tier: Tier, job_tokens: int = 1, team: str | None = None
+    ) -> bool:
         """Whether an interactive job cannot start (no slot or KV room) while batch jobs run.
 
         The caller then aborts `choose_victim` of its running jobs, re-queues it, updates the
@@ -179,7 +202,7 @@ class HeadroomPolicy:
         """
         if tier != "interactive" or load.batch_in_flight <= 0:
             return False
-        return not self.can_start(load, job_tokens, "interactive")
+        return not self.can_start(load, job_tokens, "interactive", team)
 
     def choose_victim(self, running: Sequence[RunningJob]) -> RunningJob | None:
         """See the module-level `choose_victim`."""

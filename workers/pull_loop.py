@@ -177,6 +177,7 @@ class PullLoop:
             # engine only after a few Redis round trips): counting only running ones let one
             # fetch start a burst of batch jobs past the cap.
             batch_in_flight=sum(1 for _, f in self._running.values() if f.job.tier == "batch"),
+            teams_in_flight=frozenset(f.job.team for _, f in self._running.values()),
         )
 
     async def _start_what_fits(self) -> None:
@@ -198,15 +199,36 @@ class PullLoop:
                 return
             load = self._engine_load()
             tier = item.job.tier
-            if self._policy.can_start(load, item.tokens, tier):
+            if self._policy.can_start(load, item.tokens, tier, item.job.team):
                 self._next = None
                 self._start(item)
                 continue
-            if tier == "interactive" and self._policy.preemption_needed(load, tier, item.tokens):
+            newcomer = self._newcomer(load, item)
+            if newcomer is not None:  # a team with nothing here takes the reserved slot
+                self._start(newcomer)
+                continue
+            if tier == "interactive" and self._policy.preemption_needed(
+                load, tier, item.tokens, item.job.team
+            ):
                 victim = self._policy.choose_victim(self._load.running_jobs())
                 if victim is not None and await self._preempt(victim.request_id, load):
                     continue
             return
+
+    def _newcomer(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
+        """A buffered job of the held job's class from a team holding no job here, when the
+        held job waits only because the free slots are kept for such a team."""
+        if self._policy.free_slots(load) == 0 or held.job.team not in load.teams_in_flight:
+            return None
+        item = self._buffer.pop_team(
+            PRIORITY[held.job.tier], lambda team: team not in load.teams_in_flight
+        )
+        if item is not None and not self._policy.can_start(
+            load, item.tokens, item.job.tier, item.job.team
+        ):
+            self._enqueue(item)  # no KV room either: put it back (it keeps no head start)
+            return None
+        return item
 
     async def _fetch(self) -> int:
         budget = self._policy.fetch_budget(self._engine_load())

@@ -38,6 +38,9 @@ class WorkerSettings(BaseSettings):
     batch_max_in_flight: int | None = None
     """Most batch jobs running at once (None: no cap beyond max_num_seqs). Set it low on CPU
     engines, where every running sequence slows every step."""
+    team_slot_reserve: int = 1
+    """Sequence slots kept free for a team holding no job on this worker, so its first request
+    never waits for another team's jobs to end (only when max_num_seqs > 2x this)."""
     fair_lookahead: int = 4
     """Interactive jobs held beyond what can start (one per partition at most), so the
     weighted fair queue can choose between teams when a slot frees. Uncommitted: a crash

@@ -97,6 +97,7 @@ class Worker:
                 policy=HeadroomPolicy(
                     batch_kv_watermark=settings.batch_kv_watermark,
                     batch_max_in_flight=settings.batch_max_in_flight,
+                    team_slot_reserve=settings.team_slot_reserve,
                 ),
                 fair_lookahead=settings.fair_lookahead,
             )

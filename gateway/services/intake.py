@@ -9,7 +9,6 @@ reservation released).
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -58,7 +57,6 @@ class JobIntake:
         quota: QuotaService,
         router: PartitionRouter | None,
         request_timeout_s: float,
-        team_share: float = 0.5,
     ) -> None:
         self._registry = registry
         self._renderer = renderer
@@ -68,7 +66,6 @@ class JobIntake:
         self._quota = quota
         self._router = router
         self._timeout_s = request_timeout_s
-        self._team_share = team_share
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """Everything up to producing: refusals are raised as `ApiError`s."""
@@ -95,20 +92,14 @@ class JobIntake:
             limit = self._admission.queue_limit(
                 prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slo_s=deployment.ttft_slo_s
             )
-            team_limit = math.floor(limit * self._team_share)
-            outcome = await self._backlog.try_add(
-                pool, tier, len(prompt), limit, team=team.name, team_limit=team_limit
-            )
+            outcome = await self._backlog.try_add(pool, tier, len(prompt), limit, team=team.name)
             if not outcome.added:
-                # Over the team's share, the wait that matters is the team's own backlog:
-                # a flooding team is refused while other teams are still admitted.
-                over_team = outcome.team_queued + len(prompt) > team_limit
+                # The wait that matters is what fair queuing serves before this request: a
+                # flooding team is refused while other teams are still admitted.
                 decision = self._admission.decide(
                     tier=tier,
                     prompt_tokens=len(prompt),
-                    queued_tokens=(
-                        outcome.team_queued + limit - team_limit if over_team else outcome.queued
-                    ),
+                    queued_tokens=outcome.ahead,
                     prefill_tokens_per_s=rate,
                     slo_s=deployment.ttft_slo_s,
                 )

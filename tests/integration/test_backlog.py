@@ -77,37 +77,33 @@ async def test_concurrent_admissions_never_overshoot_the_limit(redis_url: str) -
         await redis.aclose()
 
 
-async def test_a_flooding_team_is_held_to_its_share_while_another_team_waits(
-    redis_url: str,
-) -> None:
+async def test_admission_counts_what_fair_queuing_serves_first(redis_url: str) -> None:
     redis = Redis.from_url(redis_url)
     backlog = RedisBacklog(redis)
     pool = f"share-{uuid.uuid4().hex[:6]}"
     try:
-        # Alone, a team may fill the pool's queue (the share leaves no room idle) ...
+        # Alone, a team may fill the pool's queue (nothing else would be served first) ...
         alone = [
-            await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
-            for _ in range(8)
+            await backlog.try_add(pool, "interactive", 100, 1_000, team="b") for _ in range(11)
         ]
-        assert [r.added for r in alone] == [True] * 8
-        other = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
-        assert other.added and other.queued == 800 and other.team_queued == 0
-        # ... but while another team waits, it is held to its share.
-        held = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
-        assert not held.added and held.team_queued == 800
-        for _ in range(4):
-            await backlog.remove(pool, "interactive", 100, team="b")
-        again = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
-        assert again.added and again.team_queued == 400
-        over = await backlog.try_add(pool, "interactive", 100, 1_000, team="b", team_limit=500)
-        assert not over.added and over.team_queued == 500
-        # A team with nothing queued is admitted even when the pool is at its limit ...
-        for team in ("c", "d", "e", "f", "g", "h"):
-            added = await backlog.try_add(pool, "interactive", 100, 1_000, team=team)
-            assert added.added
+        assert [r.added for r in alone] == [True] * 10 + [False]
+        assert alone[-1].ahead == 1_000
+        # ... and another team's requests are admitted beside it: fair queuing serves only
+        # as much of b's queue before them as a itself will have queued.
+        a = [await backlog.try_add(pool, "interactive", 100, 1_000, team="a") for _ in range(5)]
+        assert [r.added for r in a] == [True] * 5
+        assert [r.ahead for r in a] == [100, 300, 500, 700, 900]
+        sixth = await backlog.try_add(pool, "interactive", 100, 1_000, team="a")
+        assert not sixth.added and sixth.ahead == 500 + 600 and sixth.team_queued == 500
+        # b is still refused while its queue is full.
+        assert not (await backlog.try_add(pool, "interactive", 100, 1_000, team="b")).added
+        assert await backlog.team_queued(pool, "interactive") == {"a": 500, "b": 1_000}
+        for _ in range(5):
+            await backlog.remove(pool, "interactive", 100, team="a")
+        assert await backlog.team_queued(pool, "interactive") == {"b": 1_000}
+        # A team with nothing queued is admitted even when the pool is over its limit.
+        for team in ("c", "d"):
+            assert (await backlog.try_add(pool, "interactive", 100, 1_000, team=team)).added
         assert await backlog.queued(pool, "interactive") == 1_200
-        # ... while a team that already queues waits for the pool to drain.
-        late = await backlog.try_add(pool, "interactive", 100, 1_000, team="a", team_limit=500)
-        assert not late.added
     finally:
         await redis.aclose()

@@ -91,13 +91,12 @@ class Backlog:
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
-        team_limit: int | None = None,
     ) -> BacklogAdmission:
         queued = self.tokens.get((pool, tier), 0)
         if queued > 0 and queued + prompt_tokens > limit:
-            return BacklogAdmission(False, queued)
+            return BacklogAdmission(False, queued, ahead=queued)
         self.tokens[(pool, tier)] = queued + prompt_tokens
-        return BacklogAdmission(True, queued)
+        return BacklogAdmission(True, queued, ahead=queued)
 
     async def remove(
         self, pool: str, tier: str, prompt_tokens: int, team: str | None = None

@@ -181,3 +181,18 @@ def test_invalid_weight_or_cost(weight: float, cost: float) -> None:
     with pytest.raises(ValueError):
         q.push("x", team="a", weight=weight, cost=cost, priority=0)
     assert len(q) == 0
+
+
+def test_pop_team_serves_the_first_item_of_an_allowed_team_out_of_turn() -> None:
+    queue: FairQueue[str] = FairQueue()
+    for i in range(3):
+        queue.push(f"b{i}", team="b", weight=1, cost=10, priority=0)
+    queue.push("a0", team="a", weight=1, cost=10, priority=0)
+    queue.push("a1", team="a", weight=1, cost=10, priority=0)
+    queue.push("batch-c", team="c", weight=1, cost=10, priority=10)
+    assert queue.pop_team(0, lambda team: team != "b") == "a0"
+    assert queue.pop_team(0, lambda team: team == "c") is None  # c only queues batch
+    assert queue.pop_team(10, lambda team: team == "c") == "batch-c"
+    assert len(queue) == 4
+    # a0 went early; the rest keep their tags (a1 ties with b1 and arrived later)
+    assert [queue.pop() for _ in range(4)] == ["b0", "b1", "a1", "b2"]

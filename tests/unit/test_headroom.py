@@ -244,3 +244,37 @@ def test_batch_cap_limits_running_batch_jobs(
     assert policy.can_start(state, 1, "batch") is can_start_batch
     assert policy.fetch_budget(state).batch == batch_budget
     assert policy.can_start(state, 1, "interactive")  # the cap never limits interactive work
+
+
+def team_load(free: int, teams: set[str], max_num_seqs: int = 8) -> EngineLoad:
+    return EngineLoad(
+        in_flight=max_num_seqs - free,
+        max_num_seqs=max_num_seqs,
+        kv_capacity_tokens=CAP,
+        teams_in_flight=frozenset(teams),
+    )
+
+
+@pytest.mark.parametrize(
+    ("free", "team", "max_num_seqs", "can"),
+    [
+        (2, "b", 8, True),  # more slots free than the reserve: anyone
+        (1, "b", 8, False),  # the last slot is kept for a team that holds none
+        (1, "a", 8, True),  # ... such as a
+        (1, None, 8, True),  # no team given: no reserve
+        (1, "b", 2, True),  # too few slots to keep one back
+        (0, "a", 8, False),  # no slot at all
+    ],
+)
+def test_a_slot_is_kept_for_a_team_that_holds_none(
+    free: int, team: str | None, max_num_seqs: int, can: bool
+) -> None:
+    current = team_load(free, {"b"}, max_num_seqs)
+    assert POLICY.can_start(current, 100, "interactive", team) is can
+
+
+def test_preemption_for_a_newcomer_team_uses_the_reserved_slot_first() -> None:
+    current = team_load(1, {"b"})
+    current = EngineLoad(**{**current.__dict__, "batch_in_flight": 3})
+    assert not POLICY.preemption_needed(current, "interactive", 100, "a")
+    assert POLICY.preemption_needed(current, "interactive", 100, "b")
