@@ -22,8 +22,8 @@ Pure logic: the pull loop gathers an `EngineLoad` and asks; nothing here does I/
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from schemas.chat import Tier
 from workers.engine.port import EngineStats
@@ -48,6 +48,11 @@ class EngineLoad:
     """Batch jobs among ``in_flight``: what preemption can free."""
     teams_in_flight: frozenset[str] = frozenset()
     """Teams holding at least one job (for the slots kept for a team that holds none)."""
+    team_held: Mapping[str, int] = field(default_factory=dict)
+    """Jobs each team holds on this worker."""
+    active_weights: Mapping[str, float] = field(default_factory=dict)
+    """Weight of every team active here (holding, buffering, or seen in the last moments):
+    while more than one is, each may hold only its weighted share of the slots."""
 
     @classmethod
     def from_stats(
@@ -61,6 +66,8 @@ class EngineLoad:
         interactive_backlog: int = 0,
         batch_in_flight: int = 0,
         teams_in_flight: frozenset[str] = frozenset(),
+        team_held: Mapping[str, int] | None = None,
+        active_weights: Mapping[str, float] | None = None,
     ) -> EngineLoad:
         """Build a load from the engine's own statistics plus what the worker tracks."""
         return cls(
@@ -72,6 +79,8 @@ class EngineLoad:
             interactive_backlog=interactive_backlog,
             batch_in_flight=batch_in_flight,
             teams_in_flight=teams_in_flight,
+            team_held=team_held or {},
+            active_weights=active_weights or {},
         )
 
 
@@ -169,14 +178,28 @@ class HeadroomPolicy:
         room = (self.kv_limit(tier) - load.kv_cache_usage) * load.kv_capacity_tokens
         return round(room) - load.reserved_tokens  # round, not floor: 0.7 - 0.2 < 0.5
 
+    def team_share(self, load: EngineLoad, team: str) -> int:
+        """The most slots ``team`` may hold while other teams are active here: its weighted
+        share of the slots (outside the reserve), at least one."""
+        weights = load.active_weights
+        total = sum(weights.values())
+        if team not in weights or len(weights) < 2 or total <= 0:
+            return load.max_num_seqs
+        usable = load.max_num_seqs - self._reserve(load)
+        return max(1, math.ceil(usable * weights[team] / total - 1e-9))
+
     def slots_for(self, load: EngineLoad, team: str | None) -> int:
         """Free slots a job of ``team`` may take: all of them for a team holding no job here
-        (or when no team is given), all but the reserve for a team that already holds one."""
+        (or when no team is given); for a team that already holds one, all but the reserve
+        and no more than its share (`team_share`) while other teams are active."""
         free = self.free_slots(load)
-        reserve = self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0
         if team is None or team not in load.teams_in_flight:
             return free
-        return max(free - reserve, 0)
+        share_left = self.team_share(load, team) - load.team_held.get(team, 0)
+        return max(min(free - self._reserve(load), share_left), 0)
+
+    def _reserve(self, load: EngineLoad) -> int:
+        return self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0
 
     def can_start(
         self, load: EngineLoad, job_tokens: int, tier: Tier, team: str | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,11 +37,15 @@ from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
 from workers.runner import JobRunner
+from workers.team_activity import TeamActivity
 
 log = structlog.get_logger()
 
 PRIORITY = {"interactive": 0, "batch": 10}
 IDLE_WAIT_S = 0.05
+TEAM_ACTIVE_S = 10.0
+"""A team stays active (keeps its share of slots) this long after it last held or buffered a
+job here, so a team sending steadily keeps its share between requests."""
 """How long a turn waits for a slot to free when nothing can be fetched or started."""
 
 
@@ -96,6 +101,7 @@ class PullLoop:
         self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
         self._cancelled_by_client: set[str] = set()
         self._preempted: set[str] = set()
+        self._teams = TeamActivity(TEAM_ACTIVE_S)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
@@ -158,6 +164,7 @@ class PullLoop:
         await self._drain(drain_grace_s)
 
     def _engine_load(self) -> EngineLoad:
+        held = Counter(f.job.team for _, f in self._running.values())
         reserved = sum(
             self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
             for _, f in self._running.values()
@@ -177,7 +184,11 @@ class PullLoop:
             # engine only after a few Redis round trips): counting only running ones let one
             # fetch start a burst of batch jobs past the cap.
             batch_in_flight=sum(1 for _, f in self._running.values() if f.job.tier == "batch"),
-            teams_in_flight=frozenset(f.job.team for _, f in self._running.values()),
+            teams_in_flight=frozenset(held),
+            team_held=held,
+            active_weights=self._teams.active(
+                held, [item.job.team for item in self._buffer.items()]
+            ),
         )
 
     async def _start_what_fits(self) -> None:
@@ -203,9 +214,9 @@ class PullLoop:
                 self._next = None
                 self._start(item)
                 continue
-            newcomer = self._newcomer(load, item)
-            if newcomer is not None:  # a team with nothing here takes the reserved slot
-                self._start(newcomer)
+            other = self._other_team(load, item)
+            if other is not None:  # another team's job may take the slot this one may not
+                self._start(other)
                 continue
             if tier == "interactive" and self._policy.preemption_needed(
                 load, tier, item.tokens, item.job.team
@@ -215,13 +226,14 @@ class PullLoop:
                     continue
             return
 
-    def _newcomer(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
-        """A buffered job of the held job's class from a team holding no job here, when the
-        held job waits only because the free slots are kept for such a team."""
-        if self._policy.free_slots(load) == 0 or held.job.team not in load.teams_in_flight:
+    def _other_team(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
+        """A buffered job of the held job's class from a team that may still start one, when
+        the held job's team may not (it holds its share, or only the reserve is free)."""
+        team = held.job.team
+        if self._policy.free_slots(load) == 0 or self._policy.slots_for(load, team) > 0:
             return None
         item = self._buffer.pop_team(
-            PRIORITY[held.job.tier], lambda team: team not in load.teams_in_flight
+            PRIORITY[held.job.tier], lambda other: self._policy.slots_for(load, other) > 0
         )
         if item is not None and not self._policy.can_start(
             load, item.tokens, item.job.tier, item.job.team
@@ -281,6 +293,7 @@ class PullLoop:
 
     def _enqueue(self, item: _Fetched) -> None:
         job = item.job
+        self._teams.weigh(job.team, job.team_weight)
         self._buffer.push(
             item,
             team=job.team,

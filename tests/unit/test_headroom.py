@@ -278,3 +278,31 @@ def test_preemption_for_a_newcomer_team_uses_the_reserved_slot_first() -> None:
     current = EngineLoad(**{**current.__dict__, "batch_in_flight": 3})
     assert not POLICY.preemption_needed(current, "interactive", 100, "a")
     assert POLICY.preemption_needed(current, "interactive", 100, "b")
+
+
+def shared_load(held: dict[str, int], weights: dict[str, float], free: int) -> EngineLoad:
+    return EngineLoad(
+        in_flight=8 - free,
+        max_num_seqs=8,
+        kv_capacity_tokens=CAP,
+        teams_in_flight=frozenset(held),
+        team_held=held,
+        active_weights=weights,
+    )
+
+
+@pytest.mark.parametrize(
+    ("held", "weights", "free", "team", "slots"),
+    [
+        ({"b": 6}, {"b": 1.0}, 2, "b", 1),  # alone: all but the reserve
+        ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "b", 0),  # b holds its share (7/2 -> 4)
+        ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "a", 2),  # a may take more, up to the reserve
+        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "b", 4),  # weight 3 of 4: share 6
+        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "a", 1),  # weight 1 of 4: share 2
+        ({"b": 7}, {"a": 1.0, "b": 1.0}, 1, "a", 1),  # a holds none: the reserved slot
+    ],
+)
+def test_teams_share_the_slots_by_weight_while_several_are_active(
+    held: dict[str, int], weights: dict[str, float], free: int, team: str, slots: int
+) -> None:
+    assert POLICY.slots_for(shared_load(held, weights, free), team) == slots
