@@ -256,16 +256,22 @@ class PullLoop:
         }
         waiting_in = {f.tp for f in held}
         assignment = self._consumer.assignment()
+        looking_ahead = False
         for cls, topic in self._topics.items():
             partitions = [tp for tp in assignment if tp.topic == topic]
-            if want[cls] <= 0:
-                self._consumer.pause(*partitions)
-            elif cls == "interactive" and can_start <= 0:  # look-ahead only
+            if cls == "interactive" and budget.interactive > 0 and min(can_start, want[cls]) <= 0:
+                # Look-ahead only. Partitions with nothing buffered stay open even when the
+                # buffer is full of one team's jobs waiting for their team's share: another
+                # team's job is seen (and may start) at once. At most one job per partition.
                 self._consumer.pause(*(tp for tp in partitions if tp in waiting_in))
-                self._consumer.resume(*(tp for tp in partitions if tp not in waiting_in))
+                opened = [tp for tp in partitions if tp not in waiting_in]
+                self._consumer.resume(*opened)
+                looking_ahead = looking_ahead or bool(opened)
+            elif want[cls] <= 0:
+                self._consumer.pause(*partitions)
             else:
                 self._consumer.resume(*partitions)
-        most = max(want.values())
+        most = max(*want.values(), 1 if looking_ahead else 0)
         if most <= 0 or not assignment:
             if not assignment:
                 await asyncio.sleep(IDLE_WAIT_S)  # still joining the group
