@@ -33,6 +33,7 @@ from topics import catalog
 from topics.ports import JobQueue
 from workers.engine.port import EngineClient
 from workers.fair_queue import FairQueue
+from workers.fetch_plan import plan_fetch
 from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
@@ -246,37 +247,27 @@ class PullLoop:
         budget = self._policy.fetch_budget(self._engine_load())
         held = [*self._buffer.items(), *([self._next] if self._next else [])]
         held_interactive = sum(1 for f in held if f.job.tier == "interactive")
-        # What can start now, plus a small look-ahead of interactive jobs (at most one per
-        # partition) so that, when a slot frees, the fair queue chooses between teams
-        # instead of taking whichever partition the broker returns first.
-        can_start = budget.interactive - held_interactive
-        want = {
-            "interactive": budget.interactive + self._lookahead - held_interactive,
-            "batch": budget.batch - (len(held) - held_interactive),
-        }
-        waiting_in = {f.tp for f in held}
         assignment = self._consumer.assignment()
-        looking_ahead = False
-        for cls, topic in self._topics.items():
-            partitions = [tp for tp in assignment if tp.topic == topic]
-            if cls == "interactive" and budget.interactive > 0 and min(can_start, want[cls]) <= 0:
-                # Look-ahead only. Partitions with nothing buffered stay open even when the
-                # buffer is full of one team's jobs waiting for their team's share: another
-                # team's job is seen (and may start) at once. At most one job per partition.
-                self._consumer.pause(*(tp for tp in partitions if tp in waiting_in))
-                opened = [tp for tp in partitions if tp not in waiting_in]
-                self._consumer.resume(*opened)
-                looking_ahead = looking_ahead or bool(opened)
-            elif want[cls] <= 0:
-                self._consumer.pause(*partitions)
-            else:
-                self._consumer.resume(*partitions)
-        most = max(*want.values(), 1 if looking_ahead else 0)
-        if most <= 0 or not assignment:
+        plan = plan_fetch(
+            budget,
+            held_interactive=held_interactive,
+            held_batch=len(held) - held_interactive,
+            lookahead=self._lookahead,
+            partitions={
+                cls: [tp for tp in assignment if tp.topic == topic]
+                for cls, topic in self._topics.items()
+            },
+            waiting_in={f.tp for f in held},
+        )
+        self._consumer.pause(*plan.pause)
+        self._consumer.resume(*plan.resume)
+        if plan.max_records <= 0 or not assignment:
             if not assignment:
                 await asyncio.sleep(IDLE_WAIT_S)  # still joining the group
             return 0
-        batches = await self._consumer.getmany(timeout_ms=IDLE_WAIT_S * 1000, max_records=most)
+        batches = await self._consumer.getmany(
+            timeout_ms=IDLE_WAIT_S * 1000, max_records=plan.max_records
+        )
         count = 0
         for tp, records in batches.items():
             for record in records:

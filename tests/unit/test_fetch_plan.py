@@ -1,0 +1,41 @@
+"""Fetch planning: what can start, plus a look-ahead that never hides another team's job."""
+
+from __future__ import annotations
+
+from workers.fetch_plan import plan_fetch
+from workers.headroom import FetchBudget
+
+PARTITIONS = {"interactive": ["i0", "i1", "i2"], "batch": ["b0", "b1"]}
+
+
+def test_room_to_start_opens_everything_it_can_use() -> None:
+    plan = plan_fetch(
+        FetchBudget(interactive=3, batch=2), held_interactive=0, held_batch=0, lookahead=2,
+        partitions=PARTITIONS, waiting_in=set(),
+    )  # fmt: skip
+    assert plan.resume == {"i0", "i1", "i2", "b0", "b1"} and not plan.pause
+    assert plan.max_records == 5
+
+
+def test_a_full_buffer_pauses_only_the_partitions_it_holds_jobs_from() -> None:
+    # One team's jobs from i0 wait for its share: i1 and i2 stay open for other teams.
+    plan = plan_fetch(
+        FetchBudget(interactive=2, batch=0), held_interactive=6, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in={"i0"},
+    )  # fmt: skip
+    assert plan.pause == {"i0", "b0", "b1"} and plan.resume == {"i1", "i2"}
+    assert plan.max_records == 1
+
+
+def test_no_slot_keeps_the_look_ahead_open_until_it_is_full() -> None:
+    plan = plan_fetch(
+        FetchBudget(interactive=0, batch=0), held_interactive=1, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in={"i0"},
+    )  # fmt: skip
+    assert plan.pause == {"i0", "b0", "b1"} and plan.resume == {"i1", "i2"}
+    assert plan.max_records == 3
+    full = plan_fetch(
+        FetchBudget(interactive=0, batch=0), held_interactive=4, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in={"i0", "i1"},
+    )  # fmt: skip
+    assert full.pause == {"i0", "i1", "i2", "b0", "b1"} and full.max_records == 0
