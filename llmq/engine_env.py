@@ -6,7 +6,6 @@ incomplete re-executes itself once with `reexec_with_engine_env`.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
@@ -31,7 +30,9 @@ def _with_preload(existing: str, lib: str) -> str:
 def engine_environment(kv_cache_gib: float) -> dict[str, str]:
     """The full set of variables the engine needs; callers merge it over ``os.environ``.
 
-    The KV cache size is rounded up to whole GiB (vLLM reads the variable as an integer).
+    The KV cache size is not among them: the worker gives it to the engine as
+    ``kv_cache_memory_bytes`` (any size, e.g. 0.25 GiB). ``kv_cache_gib`` is kept in the
+    signature for callers' clarity.
     """
     cache = paths.cache_dir()
     dirs = {
@@ -41,13 +42,10 @@ def engine_environment(kv_cache_gib: float) -> dict[str, str]:
     }
     for folder in dirs.values():
         folder.mkdir(parents=True, exist_ok=True)
-    # vLLM parses VLLM_CPU_KVCACHE_SPACE with int(): whole GiB only, at least 1.
-    kv = str(max(1, math.ceil(kv_cache_gib)))
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_CPU_KVCACHE_SPACE": kv,
         **{name: str(folder) for name, folder in dirs.items()},
     }
     lib = iomp_library()

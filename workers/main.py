@@ -19,6 +19,7 @@ def build_engine(settings: WorkerSettings) -> EngineClient:
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         dtype=settings.dtype,
+        kv_cache_bytes=round(settings.kv_cache_gib * 2**30),
     )
     return engine
 

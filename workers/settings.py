@@ -30,7 +30,8 @@ class WorkerSettings(BaseSettings):
     max_model_len: int = 2048
     """Prompt plus output tokens per request."""
     kv_cache_gib: float = 1.0
-    """KV cache size on the CPU engine (VLLM_CPU_KVCACHE_SPACE); GPUs size it themselves."""
+    """KV cache size on the CPU engine, any fraction of a GiB (vLLM's kv_cache_memory_bytes);
+    GPUs size it themselves."""
     dtype: str = "bfloat16"
     """Weights and activations precision."""
     batch_kv_watermark: float = 0.70

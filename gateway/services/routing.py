@@ -126,7 +126,7 @@ class PartitionRouter:
         )
         live = [r for r in replicas if r.pool == pool and _is_live(r)]
         owners = partition_owners(topic, partitions, live)
-        overloaded = self._overloaded(live)
+        overloaded = self._overloaded(live, len(prompt_token_ids))
         walk = [(preferred + step) % partitions for step in range(partitions)]
 
         for partition in walk:
@@ -146,15 +146,22 @@ class PartitionRouter:
             return RouteDecision(owned, preferred, "no_owner_info", owners[owned].replica_id)
         return RouteDecision(preferred, preferred, "no_owner_info", None)
 
-    def _overloaded(self, live: Sequence[ReplicaHeartbeat]) -> set[str]:
-        """Ids of replicas above `load_factor` x the pool's mean load (none when mean is 0)."""
+    def _overloaded(self, live: Sequence[ReplicaHeartbeat], request_tokens: int) -> set[str]:
+        """Ids of replicas above `load_factor` x the pool's mean load by more than one request
+        (this request's prompt tokens, or one job when loads are job counts); none when the
+        mean is 0. The one-request slack is the token analogue of the ceiling in consistent
+        hashing with bounded loads: without it, a single cold prefill on a quiet pool makes
+        its worker "overloaded" and moves the next request sharing its prefix elsewhere,
+        where the prefix is not cached."""
         loads = replica_loads(live)
         if not loads:
             return set()
         mean = sum(loads.values()) / len(loads)
         if mean <= 0:
             return set()
-        return {rid for rid, load in loads.items() if load > self.load_factor * mean}
+        by_tokens = any(r.outstanding_tokens > 0 for r in live)
+        slack = float(request_tokens if by_tokens else 1)
+        return {rid for rid, load in loads.items() if load > self.load_factor * mean + slack}
 
     @staticmethod
     def _reason(

@@ -233,3 +233,16 @@ def test_invalid_configuration_is_refused() -> None:
         PartitionRouter().preferred_partition(
             team="t", prompt_token_ids=[1], adapter=None, partitions=0
         )
+
+
+def test_one_cold_prefill_on_a_quiet_pool_does_not_move_its_prefix() -> None:
+    # a holds one request's worth of work, b none: a is "above 1.25x the mean" only by that
+    # one request, which is within the slack; affinity holds.
+    router = PartitionRouter()
+    prompt = SYSTEM
+    p = preferred(router, prompt)
+    others = [q for q in range(N) if q != p]
+    quiet = [beat("a", [p], in_flight=1, outstanding=len(prompt)), beat("b", others)]
+    assert choose(router, prompt, quiet).reason == "affinity"
+    busy = [beat("a", [p], in_flight=3, outstanding=3 * len(prompt)), beat("b", others)]
+    assert choose(router, prompt, busy).reason == "bounded_load"

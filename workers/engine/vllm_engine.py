@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -106,6 +107,7 @@ class VllmEngine:
         max_num_seqs: int,
         max_model_len: int,
         dtype: str = "bfloat16",
+        kv_cache_bytes: int | None = None,
         enforce_eager: bool = True,
     ) -> None:
         self.model_path = model_path
@@ -114,6 +116,7 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = 0
         self.dtype = dtype
+        self.kv_cache_bytes = kv_cache_bytes
         self.enforce_eager = enforce_eager
         self._llm: Any = None
         self._load = _Load()
@@ -141,6 +144,12 @@ class VllmEngine:
                 backend=STRUCTURED_OUTPUT_BACKEND, disable_any_whitespace=True
             ),
         }
+        from vllm.platforms import current_platform
+
+        if self.kv_cache_bytes is not None and current_platform.is_cpu():
+            options["kv_cache_memory_bytes"] = self.kv_cache_bytes  # GPUs size it themselves
+            # vLLM's legacy whole-GiB variable would override the exact size.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         args = AsyncEngineArgs(**options)
         started = time.monotonic()
         factory = _stat_logger_factory(self._load)
