@@ -17,14 +17,15 @@ async def read_until(
     parse: Callable[[bytes], T],
     match: Callable[[T], bool],
     within: float = 15.0,
+    at_least: int = 1,
 ) -> list[T]:
-    """Every record of `topic` that `match`es, once at least one has arrived."""
+    """Every record of `topic` that `match`es, once at least `at_least` have arrived."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     try:
         found: list[T] = []
         async with asyncio.timeout(within):
-            while not found:
+            while len(found) < at_least:
                 batch = await consumer.getmany(timeout_ms=200)
                 for records in batch.values():
                     found.extend(

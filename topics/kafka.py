@@ -15,7 +15,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from schemas.messages import BatchCreatedEvent, BatchResultEvent, InferenceJob, UsageRecord
+from schemas.messages import (
+    BatchCreatedEvent,
+    BatchResultEvent,
+    DeadLetter,
+    InferenceJob,
+    UsageRecord,
+)
 from topics import catalog
 from topics.catalog import PriorityClass
 from topics.ports import JobReceipt
@@ -167,6 +173,17 @@ class KafkaResultSink:
         await self._producer.send(
             catalog.RESULTS_TOPIC, event.to_bytes(), key=event.batch.batch_id.encode()
         )
+
+
+class KafkaDeadLetterSink:
+    """Writes `DeadLetter`s to the dead-letter topic, keyed by request id when known."""
+
+    def __init__(self, producer: KafkaProducer) -> None:
+        self._producer = producer
+
+    async def publish(self, letter: DeadLetter) -> None:
+        key = letter.request_id.encode() if letter.request_id else None
+        await self._producer.send(catalog.DEAD_TOPIC, letter.to_bytes(), key=key)
 
 
 class KafkaBatchEvents:

@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 from schemas.messages import (
     BatchResultEvent,
     CancelEvent,
+    DeadLetter,
     ErrorEvent,
     FinishEvent,
     InferenceJob,
@@ -74,6 +75,12 @@ class EventPublisher(Protocol):
     """Worker side of the token relay."""
 
     async def publish(self, channel: str, event: ReplyEventT) -> None: ...
+
+
+class DeadLetterSink(Protocol):
+    """The dead-letter topic: records that cannot be processed, with the reason."""
+
+    async def publish(self, letter: DeadLetter) -> None: ...
 
 
 class ResultSink(Protocol):

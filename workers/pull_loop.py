@@ -30,7 +30,8 @@ from pydantic import ValidationError
 
 from schemas.messages import InferenceJob
 from topics import catalog
-from topics.ports import JobQueue
+from topics.ports import DeadLetterSink, JobQueue
+from workers.dead_letters import dead_letter_for
 from workers.engine.port import EngineClient
 from workers.fair_queue import FairQueue
 from workers.fetch_plan import plan_fetch
@@ -84,6 +85,7 @@ class PullLoop:
         pool: str,
         *,
         requeue: JobQueue,
+        dead_letters: DeadLetterSink,
         load: LoadTracker,
         policy: HeadroomPolicy | None = None,
         fair_lookahead: int = 4,
@@ -92,6 +94,7 @@ class PullLoop:
         self._engine = engine
         self._runner = runner
         self._pool = pool
+        self._dead_letters = dead_letters
         self._requeue = requeue
         self._load = load
         self._policy = policy or HeadroomPolicy()
@@ -271,18 +274,23 @@ class PullLoop:
         count = 0
         for tp, records in batches.items():
             for record in records:
-                self._accept(tp, record.offset, record.value)
+                await self._accept(tp, record.offset, record.value)
                 count += 1
         return count
 
-    def _accept(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    async def _accept(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         self.offsets.started(tp, offset)
         try:
             job = InferenceJob.model_validate_json(value or b"")
         except ValidationError as exc:
-            log.warning(
-                "job_rejected", partition=tp.partition, offset=offset, errors=exc.error_count()
-            )
+            letter = dead_letter_for(tp.topic, tp.partition, offset, value, exc)
+            try:
+                await self._dead_letters.publish(letter)
+            except Exception as send_error:  # keep the offset: a restart re-delivers it
+                log.warning("dead_letter_failed", offset=offset, error=type(send_error).__name__)
+                return
+            log.warning("job_dead_lettered", partition=tp.partition, offset=offset,
+                        reason=letter.reason, request_id=letter.request_id)  # fmt: skip
             self.offsets.finished(tp, offset)
             return
         tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)

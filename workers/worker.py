@@ -9,6 +9,7 @@ import structlog
 from redis.asyncio import Redis
 
 from topics.kafka import (
+    KafkaDeadLetterSink,
     KafkaJobQueue,
     KafkaProducer,
     KafkaResultSink,
@@ -93,6 +94,7 @@ class Worker:
                 runner,
                 settings.pool,
                 requeue=KafkaJobQueue(producer),
+                dead_letters=KafkaDeadLetterSink(producer),
                 load=load,
                 policy=HeadroomPolicy(
                     batch_kv_watermark=settings.batch_kv_watermark,

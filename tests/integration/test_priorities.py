@@ -4,13 +4,17 @@ re-queues a batch line that still completes exactly once, an expired job is not 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 
 import pytest
 
-from schemas.messages import ErrorEvent, FinishEvent, TokenEvent
+from schemas.messages import DeadLetter, ErrorEvent, FinishEvent, TokenEvent
 from tests.integration.queue_helpers import collect, make_job, start_worker
 from tests.integration.scripted_engine import ScriptedEngine
+from tests.topic_reading import read_until
+from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer
 from topics.redis_relay import RedisReplyRelay
 
@@ -91,3 +95,40 @@ async def test_batch_cap_holds_while_a_fetch_brings_many_batch_jobs(
     await asyncio.wait_for(task, 30)
     assert all(isinstance(events[-1], FinishEvent) for events in results.values())
     assert engine.peak_running == 2, engine.peak_running
+
+
+async def test_records_that_are_not_jobs_go_to_the_dead_letter_topic_and_the_partition_flows(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    engine = ScriptedEngine(tokens=2)
+    topic = catalog.job_topic(pool, "interactive")
+    future = make_job(pool, relay, "from-the-future").model_dump(mode="json")
+    future["schema_version"] = 2
+    # Same partition for all three: the good job comes after the two bad records.
+    await producer.send(topic, b"\xff not json", partition=0)
+    await producer.send(topic, json.dumps(future).encode(), partition=0)
+    relay.open("after-poison")
+    await KafkaJobQueue(producer).submit(make_job(pool, relay, "after-poison"), partition=0)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    events = await collect(relay, "after-poison")
+    assert isinstance(events[-1], FinishEvent)
+    # Both bad records were dead-lettered (awaited, in offset order) before the good job,
+    # behind them in the partition, was even accepted: they are on the topic by now.
+    letters = await read_until(
+        kafka_bootstrap,
+        catalog.DEAD_TOPIC,
+        DeadLetter.model_validate_json,
+        lambda letter: letter.topic == topic,
+        within=15,
+        at_least=2,
+    )
+    worker.drain()
+    await asyncio.wait_for(task, 30)
+    by_offset = sorted(letters, key=lambda letter: letter.offset)
+    assert [(d.reason, d.partition) for d in by_offset] == [
+        ("unparseable", 0),
+        ("unknown_schema_version", 0),
+    ]
+    assert base64.b64decode(by_offset[0].payload_b64) == b"\xff not json"
+    assert by_offset[1].request_id == "from-the-future"
+    assert "from-the-future" not in engine.calls

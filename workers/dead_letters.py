@@ -1,0 +1,57 @@
+"""Dead letters: a record that cannot become a job goes to the dead-letter topic, with why.
+
+The record is never run and never blocks its partition: the worker publishes a `DeadLetter`
+(the reason, a short detail, where the record was, and its bytes base64-encoded) and moves on.
+Only after the dead letter is on the broker does the record's offset count as done, so a crash
+in between re-delivers the record rather than losing it. Details never carry content.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Literal
+
+from pydantic import ValidationError
+
+from schemas.messages import SCHEMA_VERSION, DeadLetter
+
+
+def dead_letter_for(
+    topic: str, partition: int, offset: int, value: bytes | None, error: ValidationError
+) -> DeadLetter:
+    """Why ``value`` is not a job: an unknown schema version, or a record that does not parse."""
+    raw = value or b""
+    request_id: str | None = None
+    reason: Literal["unparseable", "unknown_schema_version"] = "unparseable"
+    detail = f"{error.error_count()} validation error(s); first at {_first_location(error)}"
+    try:
+        item = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        item = None
+        detail = "not JSON"
+    if isinstance(item, dict):
+        rid = item.get("request_id")
+        request_id = rid if isinstance(rid, str) else None
+        version = item.get("schema_version")
+        if version is not None and version != SCHEMA_VERSION:
+            reason = "unknown_schema_version"
+            detail = f"schema_version {version!r}; this worker reads {SCHEMA_VERSION}"
+    return DeadLetter(
+        reason=reason,
+        detail=detail,
+        request_id=request_id,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        payload_b64=base64.b64encode(raw).decode(),
+        failed_at=time.time(),
+    )
+
+
+def _first_location(error: ValidationError) -> str:
+    errors = error.errors()
+    if not errors:
+        return "-"
+    return ".".join(str(part) for part in errors[0]["loc"]) or "-"
