@@ -114,3 +114,23 @@ async def test_offsets_commit_only_after_terminal_events(
     await asyncio.wait_for(task2, 30)
     # Nothing lost (b ran again), nothing finished re-run (c came back after b but was skipped).
     assert engine2.calls == {held: 1}
+
+
+async def test_drain_finishes_the_running_stream_commits_and_fetches_nothing_more(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    tp = TopicPartition(catalog.job_topic(pool, "interactive"), 0)
+    engine = ScriptedEngine(tokens=40, step_s=0.02)  # about 0.8 s of streaming
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    queue = KafkaJobQueue(producer)
+    relay.open("streaming")
+    await queue.submit(make_job(pool, relay, "streaming"), partition=0)
+    await asyncio.wait_for(engine.generating.wait(), 30)
+    worker.drain()  # what SIGTERM does
+    await queue.submit(make_job(pool, relay, "after-drain"), partition=0)
+    events = await collect(relay, "streaming")
+    await asyncio.wait_for(task, 30)
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert len(tokens) == 40 and isinstance(events[-1], FinishEvent)  # the stream was not cut
+    assert "after-drain" not in engine.calls  # nothing new was started
+    assert await _committed(kafka_bootstrap, pool, tp) == 1  # left for the next owner
