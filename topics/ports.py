@@ -62,6 +62,8 @@ class ReplyRelay(Protocol):
     """Gateway side of the token relay: one shared subscription, demultiplexed per request."""
 
     channel: str
+    connected: bool
+    """Whether the subscription is live (events published now will arrive)."""
 
     def open(self, request_id: str) -> ReplySubscription:
         """Start collecting a request's events; call before the job is produced."""

@@ -15,8 +15,9 @@ import structlog
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
 
-from schemas.messages import CancelEvent, ReplicaHeartbeat, reply_event_adapter
+from schemas.messages import CancelEvent, ErrorEvent, ReplicaHeartbeat, reply_event_adapter
 from topics import catalog
 from topics.ports import ReplyEventT
 
@@ -41,17 +42,25 @@ class _RequestEvents:
 class RedisReplyRelay:
     """Gateway side: one subscription to ``llmq:reply:<gateway-id>``, events routed by id."""
 
-    def __init__(self, redis: Redis, gateway_id: str) -> None:
+    def __init__(self, redis: Redis, gateway_id: str, retry_s: float = 0.5) -> None:
         self._redis = redis
         self.channel = catalog.reply_channel(gateway_id)
         self._requests: dict[str, _RequestEvents] = {}
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._retry_s = retry_s
+        self.connected = False
+        """Whether the subscription is live: a job produced while it is not would stream into
+        the void, so the gateway refuses new requests (503) until it is back."""
 
     async def start(self) -> None:
+        await self._subscribe()
+        self._reader = asyncio.create_task(self._read_forever(), name="reply-relay")
+
+    async def _subscribe(self) -> None:
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.channel)
-        self._reader = asyncio.create_task(self._read(self._pubsub), name="reply-relay")
+        self.connected = True
         log.info("relay_subscribed", channel=self.channel)
 
     async def stop(self) -> None:
@@ -60,7 +69,8 @@ class RedisReplyRelay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def open(self, request_id: str) -> _RequestEvents:
         events = _RequestEvents(request_id)
@@ -87,10 +97,38 @@ class RedisReplyRelay:
         events.queue.put_nowait(event)
         return True
 
-    async def _read(self, pubsub: PubSub) -> None:
-        async for message in pubsub.listen():
-            if message.get("type") == "message":
-                self.deliver(message["data"])
+    async def _read_forever(self) -> None:
+        """Deliver messages; when Redis goes away, end the streams it cut and resubscribe."""
+        while True:
+            try:
+                if self._pubsub is None or not self.connected:
+                    await self._subscribe()
+                assert self._pubsub is not None
+                async for message in self._pubsub.listen():
+                    if message.get("type") == "message":
+                        self.deliver(message["data"])
+            except (RedisError, OSError) as exc:
+                if self.connected:
+                    self.connected = False
+                    log.warning("relay_disconnected", error=type(exc).__name__)
+                    self._interrupt_open_requests()
+                if self._pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+                    self._pubsub = None
+                await asyncio.sleep(self._retry_s)
+
+    def _interrupt_open_requests(self) -> None:
+        """Events published while the subscription was down are lost: end those streams."""
+        for events in list(self._requests.values()):
+            events.queue.put_nowait(
+                ErrorEvent(
+                    request_id=events.request_id,
+                    code="stream_interrupted",
+                    message="The token relay was interrupted (Redis restarted); retry the "
+                    "request.",
+                )
+            )
 
 
 class RedisEventPublisher:
@@ -120,20 +158,28 @@ class RedisCancelBus:
     async def is_batch_cancelled(self, batch_id: str) -> bool:
         return bool(await self._redis.exists(catalog.batch_cancel_key(batch_id)))
 
-    async def listen(self) -> AsyncIterator[str]:
-        """Request ids as they are cancelled (workers run this for the life of the process)."""
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(catalog.CANCEL_CHANNEL)
-        try:
-            async for message in pubsub.listen():
-                if message.get("type") != "message":
-                    continue
-                try:
-                    yield CancelEvent.model_validate_json(message["data"]).request_id
-                except ValidationError:
-                    log.warning("cancel_event_rejected")
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+    async def listen(self, retry_s: float = 0.5) -> AsyncIterator[str]:
+        """Request ids as they are cancelled (workers run this for the life of the process).
+
+        Survives Redis restarts by subscribing again; a cancel broadcast while it was away is
+        still found through its key when the job starts (`is_cancelled`)."""
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(catalog.CANCEL_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        yield CancelEvent.model_validate_json(message["data"]).request_id
+                    except ValidationError:
+                        log.warning("cancel_event_rejected")
+            except (RedisError, OSError) as exc:
+                log.warning("cancel_listener_disconnected", error=type(exc).__name__)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(retry_s)
 
 
 class RedisJobLedger:

@@ -75,6 +75,14 @@ class ChatService:
     async def start(self, request: ChatCompletionRequest, team: Team) -> ActiveRequest:
         """Admit the request, listen for its events, then produce its job."""
         try:
+            if not self._relay.connected:  # its events would be lost: refuse, quickly
+                raise ApiError(
+                    503,
+                    "The token relay is reconnecting; retry shortly.",
+                    type_="server_error",
+                    code="relay_unavailable",
+                    headers={"Retry-After": "1"},
+                )
             admitted = await self._intake.admit(request, team, self._relay.channel)
         except ApiError as exc:
             self._metrics.requests.labels(request.model, str(exc.status)).inc()

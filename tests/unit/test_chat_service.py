@@ -140,6 +140,7 @@ async def _service(
     max_model_len: int = 20,
 ) -> tuple[ChatService, ScriptedQueue, Cancels]:
     relay = RedisReplyRelay(redis=None, gateway_id="g")  # type: ignore[arg-type]
+    relay.connected = True
     view = ReplicaView(Directory("p") if ready else Directory(), refresh_s=1)
     await view.refresh()
     registry = ModelRegistry(
