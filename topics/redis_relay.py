@@ -125,8 +125,7 @@ class RedisReplyRelay:
                 ErrorEvent(
                     request_id=events.request_id,
                     code="stream_interrupted",
-                    message="The token relay was interrupted (Redis restarted); retry the "
-                    "request.",
+                    message="The token relay was interrupted (Redis restarted); retry the request.",
                 )
             )
 
