@@ -144,14 +144,16 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
             if task is not stopped and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
+        # Stop the consumers first, so their loops end between records (never inside a
+        # commit), then cancel what is left (the sweeper, a fan-out mid-file).
+        await results.stop()
+        await control.stop()
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await collector.drain()
-        await results.stop()
-        await control.stop()
         await producer.stop()
         await files.stop()
         await redis.aclose()

@@ -8,12 +8,13 @@ created explicitly (auto-created topics get the wrong partition count).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import ConsumerStoppedError, TopicAlreadyExistsError
 
 from schemas.messages import (
     BatchCreatedEvent,
@@ -128,6 +129,7 @@ class KafkaTopicStream:
         from_start: bool = False,
         max_poll_interval_ms: int = 300_000,
     ) -> None:
+        self._group_id = group_id
         self._consumer = AIOKafkaConsumer(
             topic,
             bootstrap_servers=bootstrap,
@@ -144,13 +146,22 @@ class KafkaTopicStream:
     async def start(self) -> None:
         await self._consumer.start()
 
-    async def stop(self) -> None:
-        await self._consumer.stop()
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        """Leave the group and close; `records()` then ends. Bounded: a broker that does not
+        answer must not hold a shutdown (the group then drops this member on its own)."""
+        try:
+            await asyncio.wait_for(self._consumer.stop(), timeout_s)
+        except TimeoutError:
+            log.warning("consumer_stop_timed_out", group=self._group_id)
 
     async def records(self) -> AsyncIterator[bytes]:
-        async for record in self._consumer:
-            if record.value is not None:
-                yield record.value
+        """Record values in order, until the consumer is stopped."""
+        try:
+            async for record in self._consumer:
+                if record.value is not None:
+                    yield record.value
+        except ConsumerStoppedError:
+            return
 
     async def commit(self) -> None:
         await self._consumer.commit()
