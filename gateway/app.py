@@ -84,6 +84,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             if settings.routing == "affinity"
             else None,
             request_timeout_s=settings.request_timeout_s,
+            produce_timeout_s=settings.produce_timeout_s,
         )
         app.state.redis = redis
         app.state.producer = producer

@@ -60,6 +60,9 @@ class GatewaySettings(BaseSettings):
     """Tokens per block in that hash; match the engine's KV block size (128 on the CPU)."""
     routing_load_factor: float = 1.25
     """A partition whose owner is above this times the pool's mean load is walked past."""
+    produce_timeout_s: float = 5.0
+    """How long a job may wait for the broker's acknowledgement before the caller gets 503
+    (a broker that is down must not hold requests for the producer's own 40 s timeout)."""
     request_timeout_s: float = 600.0
     """Deadline of an interactive request, from arrival to its last token."""
     replica_refresh_s: float = 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -94,6 +95,10 @@ class ChatService:
         except ApiError:
             self._relay.close(job.request_id)
             self._metrics.requests.labels(job.model, "503").inc()
+            # A send that timed out may still reach the broker: a worker then drops the job
+            # (its cancel key is checked before it starts), so it is neither run nor billed.
+            with contextlib.suppress(Exception):
+                await self._cancels.cancel(CancelEvent(request_id=job.request_id))
             raise
         log.info(
             "job_produced",

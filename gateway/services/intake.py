@@ -9,6 +9,7 @@ reservation released).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class JobIntake:
         quota: QuotaService,
         router: PartitionRouter | None,
         request_timeout_s: float,
+        produce_timeout_s: float = 5.0,
     ) -> None:
         self._registry = registry
         self._renderer = renderer
@@ -66,6 +68,7 @@ class JobIntake:
         self._quota = quota
         self._router = router
         self._timeout_s = request_timeout_s
+        self._produce_timeout_s = produce_timeout_s
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """Everything up to producing: refusals are raised as `ApiError`s."""
@@ -174,10 +177,13 @@ class JobIntake:
         return AdmittedJob(job=job, partition=route.partition)
 
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
-        """Queue the job (503 if the broker refuses; the quota reservation is released)."""
+        """Queue the job: 503 if the broker refuses or does not acknowledge within
+        ``produce_timeout_s`` (the quota reservation and backlog are released; the caller
+        cancels the request id in case the broker still takes the job later)."""
         job = admitted.job
         try:
-            receipt = await self._queue.submit(job, partition=admitted.partition)
+            async with asyncio.timeout(self._produce_timeout_s):
+                receipt = await self._queue.submit(job, partition=admitted.partition)
         except Exception as exc:
             log.warning("job_produce_failed", request_id=job.request_id, error=type(exc).__name__)
             policy_tpm = self._quota.policy_for(job.team).tokens_per_minute

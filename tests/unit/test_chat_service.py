@@ -138,6 +138,7 @@ async def _service(
     backlog: Backlog | None = None,
     bucket: OpenBucket | None = None,
     max_model_len: int = 20,
+    produce_timeout_s: float = 5.0,
 ) -> tuple[ChatService, ScriptedQueue, Cancels]:
     relay = RedisReplyRelay(redis=None, gateway_id="g")  # type: ignore[arg-type]
     relay.connected = True
@@ -157,6 +158,7 @@ async def _service(
         QuotaService(bucket or OpenBucket()),
         PartitionRouter(),
         request_timeout_s=5,
+        produce_timeout_s=produce_timeout_s,
     )
     service = ChatService(intake, relay, cancels, GatewayMetrics())
     return service, queue, cancels
@@ -287,3 +289,23 @@ async def test_shared_prefix_lands_on_one_partition_and_reserves_quota() -> None
         await service.start(req, Team("t"))
     assert len(set(queue.partitions_used)) == 1
     assert queue.jobs[0].reserved_tokens == len(queue.jobs[0].prompt_token_ids) + 5
+
+
+class HangingQueue(ScriptedQueue):
+    """A broker that takes the connection but never acknowledges."""
+
+    async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
+        self.jobs.append(job)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_broker_that_never_acknowledges_gets_a_quick_503_and_nothing_is_left() -> None:
+    backlog = Backlog()
+    service, queue, cancels = await _service(HangingQueue, backlog=backlog, produce_timeout_s=0.05)
+    with pytest.raises(ApiError) as info:
+        await asyncio.wait_for(service.start(_req(max_tokens=3), Team("t")), 2)
+    assert (info.value.status, info.value.code) == (503, "queue_unavailable")
+    job = queue.jobs[0]
+    assert cancels.cancelled == [job.request_id]  # if the job reaches the broker later: dropped
+    assert await backlog.queued("p", "interactive") == 0  # nothing left queued for admission
