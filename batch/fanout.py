@@ -17,7 +17,14 @@ from batch.finalize import BatchEnd, BatchFinalizer
 from batch.ports import FileStore, iter_lines
 from batch.results import error_line, line_id, stored
 from batch.state_port import BatchStore, StoredBatch
-from batch.validation import BatchLine, LineError, numbered_requests, parse_line, validate
+from batch.validation import (
+    BatchLine,
+    LineError,
+    custom_id_of,
+    numbered_requests,
+    parse_line,
+    validate,
+)
 from schemas.batches import BatchError, BatchErrors
 from schemas.deployment import Deployment
 from schemas.messages import BatchLineRef, InferenceJob, sampling_settings
@@ -153,7 +160,7 @@ class BatchFanout:
             line = parse_line(raw, index, line_no)
             job = self._job(current, deployment, line)
         except LineError as exc:
-            ref = BatchLineRef(batch_id=batch.id, line=index, custom_id=_safe_custom_id(raw))
+            ref = BatchLineRef(batch_id=batch.id, line=index, custom_id=custom_id_of(raw))
             failed = error_line(ref, line_id(batch.id, index), exc.code, exc.message)
             await self._store.record_line(batch.id, index, False, stored(False, failed))
             await self._finalize_if_done(batch.id)
@@ -196,11 +203,3 @@ class BatchFanout:
         if counts.total and counts.completed + counts.failed >= counts.total:
             end: BatchEnd = "cancelled" if current.batch.status == "cancelling" else "completed"
             await self._finalizer.finalize(batch_id, end)
-
-
-def _safe_custom_id(raw: bytes) -> str:
-    try:
-        line = parse_line(raw, 0, 0)
-    except LineError:
-        return ""
-    return line.custom_id

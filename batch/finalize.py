@@ -7,7 +7,6 @@ One finalizer at a time holds a batch's lease; a finalizer that dies leaves the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -16,7 +15,7 @@ import structlog
 from batch.ports import FileStore, iter_lines
 from batch.results import error_line, line_id, stored, unpack
 from batch.state_port import BatchStore, StoredBatch
-from batch.validation import numbered_requests
+from batch.validation import custom_id_of, numbered_requests
 from schemas.messages import BatchLineRef
 
 log = structlog.get_logger()
@@ -96,7 +95,7 @@ class BatchFinalizer:
         async for index, _, raw in numbered_requests(lines):
             if index < start:
                 continue
-            pending.append((index, _custom_id(raw)))
+            pending.append((index, custom_id_of(raw)))
             if len(pending) >= READ_CHUNK:
                 filled += await flush()
         if pending:
@@ -104,30 +103,21 @@ class BatchFinalizer:
         return filled
 
     async def _write_files(self, current: StoredBatch) -> tuple[str | None, str | None]:
+        """(output file id, error file id); a file only when it has lines."""
         counts = current.batch.request_counts
-        batch_id = current.batch.id
-        if counts.total == 0:
-            return None, None
-        output = errors = None
-        if counts.completed:
-            created = await self._files.create(
-                team=current.team,
-                filename=f"{batch_id}_output.jsonl",
-                purpose="batch_output",
-                chunks=self._lines(current, ok=True),
-                max_bytes=2**62,
-            )
-            output = created.id
-        if counts.failed:
-            created = await self._files.create(
-                team=current.team,
-                filename=f"{batch_id}_error.jsonl",
-                purpose="batch_output",
-                chunks=self._lines(current, ok=False),
-                max_bytes=2**62,
-            )
-            errors = created.id
+        output = await self._write_file(current, ok=True) if counts.completed else None
+        errors = await self._write_file(current, ok=False) if counts.failed else None
         return output, errors
+
+    async def _write_file(self, current: StoredBatch, *, ok: bool) -> str:
+        created = await self._files.create(
+            team=current.team,
+            filename=f"{current.batch.id}_{'output' if ok else 'error'}.jsonl",
+            purpose="batch_output",
+            chunks=self._lines(current, ok=ok),
+            max_bytes=2**62,
+        )
+        return created.id
 
     async def _lines(self, current: StoredBatch, *, ok: bool) -> AsyncIterator[bytes]:
         """The recorded lines of one kind, in input order, one JSONL line per chunk."""
@@ -144,12 +134,3 @@ class BatchFinalizer:
                     buffer += line + b"\n"
             if buffer:
                 yield bytes(buffer)
-
-
-def _custom_id(raw: bytes) -> str:
-    """The custom_id of a line that passed validation (empty if it somehow cannot be read)."""
-    try:
-        value = json.loads(raw).get("custom_id")
-    except (ValueError, AttributeError):
-        return ""
-    return value if isinstance(value, str) else ""

@@ -103,6 +103,15 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
     return BatchLine(index=index, line_no=line_no, custom_id=custom_id, body=request)
 
 
+def custom_id_of(raw: bytes) -> str:
+    """The custom_id of a line, or "" when the line has none readable (for error lines)."""
+    try:
+        value = json.loads(raw).get("custom_id")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 async def numbered_requests(lines: AsyncIterable[bytes]) -> AsyncIterable[tuple[int, int, bytes]]:
     """(request index, 1-based line number, raw line) for every non-blank line."""
     index = 0
