@@ -144,6 +144,9 @@ class TokenEvent(Message):
     seq: int
     text: str
     num_tokens: int
+    attempt: int = 1
+    """Which run of the job produced it: a job whose worker died before its caller saw a
+    token runs again, and the gateway keeps only one run's text."""
 
 
 class FinishEvent(Message):

@@ -60,6 +60,13 @@ def done_key(request_id: str) -> str:
     return f"llmq:done:{request_id}"
 
 
+def attempt_key(request_id: str, replay_id: str | None = None) -> str:
+    """Redis hash (with a TTL) counting one job's runs and what they streamed; a replay
+    counts its runs apart from the original's."""
+    suffix = f":{replay_id}" if replay_id else ""
+    return f"llmq:attempt:{request_id}{suffix}"
+
+
 def backlog_key(pool: str, tier: PriorityClass) -> str:
     """Redis counter of queued (not yet started) prompt tokens for one pool and class."""
     return f"llmq:backlog:{pool}:{tier}"

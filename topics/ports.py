@@ -18,6 +18,7 @@ from schemas.messages import (
     InferenceJob,
     ReplicaHeartbeat,
     TokenEvent,
+    UsageCounts,
     UsageRecord,
 )
 from topics.catalog import PriorityClass
@@ -110,7 +111,42 @@ class JobLedger(Protocol):
 
     async def is_finished(self, request_id: str) -> bool: ...
 
-    async def mark_finished(self, request_id: str) -> None: ...
+    async def mark_finished(self, request_id: str) -> bool:
+        """Remember the request as finished; False if another run already did (that run
+        billed it, so this one must not write a second usage record)."""
+        ...
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """What earlier runs of one job left behind, read as a new run begins."""
+
+    attempt: int
+    """This run's number (1: the first)."""
+    failed: int
+    """Earlier runs that ended without an outcome: their worker died, or the engine raised."""
+    delivered: UsageCounts
+    """What earlier runs streamed to the caller (completion tokens the caller has seen)."""
+
+
+class JobAttempts(Protocol):
+    """Runs of each job, so a redelivered job knows whether its caller already saw tokens
+    (it must not be re-run silently) and whether it keeps killing workers (dead-letter it)."""
+
+    async def begin(self, key: str) -> AttemptRecord:
+        """Count a new run of the job and return what earlier runs left."""
+        ...
+
+    async def ended(self, key: str) -> None:
+        """The run ended in a handled way (an outcome, a preemption, a shutdown)."""
+        ...
+
+    async def publish_delivered(
+        self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
+    ) -> None:
+        """Publish a streamed token event and record `usage` as delivered, atomically: a
+        caller has seen exactly the tokens recorded here."""
+        ...
 
 
 @dataclass(frozen=True)

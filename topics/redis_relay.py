@@ -184,15 +184,16 @@ class RedisCancelBus:
 class RedisJobLedger:
     """Finished request ids, remembered for `ttl_s` so redeliveries and replays are skipped."""
 
-    def __init__(self, redis: Redis, ttl_s: int = 86_400) -> None:
+    def __init__(self, redis: Redis, ttl_s: int = 7 * 86_400) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
 
     async def is_finished(self, request_id: str) -> bool:
         return bool(await self._redis.exists(catalog.done_key(request_id)))
 
-    async def mark_finished(self, request_id: str) -> None:
-        await self._redis.set(catalog.done_key(request_id), b"1", ex=self._ttl_s)
+    async def mark_finished(self, request_id: str) -> bool:
+        first = await self._redis.set(catalog.done_key(request_id), b"1", ex=self._ttl_s, nx=True)
+        return bool(first)
 
 
 class RedisReplicaDirectory:

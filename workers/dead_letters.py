@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from schemas.messages import SCHEMA_VERSION, DeadLetter
+from schemas.messages import SCHEMA_VERSION, DeadLetter, InferenceJob
 
 
 def dead_letter_for(
@@ -55,3 +55,20 @@ def _first_location(error: ValidationError) -> str:
     if not errors:
         return "-"
     return ".".join(str(part) for part in errors[0]["loc"]) or "-"
+
+
+def dead_letter_for_failing_job(
+    job: InferenceJob, topic: str, partition: int, offset: int, failed_runs: int
+) -> DeadLetter:
+    """A job whose runs keep failing (its workers die, or the engine raises): set it aside."""
+    return DeadLetter(
+        reason="engine_failed",
+        detail=f"{failed_runs} run(s) ended without an outcome",
+        request_id=job.request_id,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        payload_b64=base64.b64encode(job.to_bytes()).decode(),
+        failed_at=time.time(),
+        attempts=failed_runs,
+    )

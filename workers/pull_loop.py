@@ -38,7 +38,7 @@ from workers.fetch_plan import plan_fetch
 from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
-from workers.runner import JobRunner
+from workers.runner import JobOrigin, JobRunner, RunFailed
 from workers.team_activity import TeamActivity
 
 log = structlog.get_logger()
@@ -320,8 +320,10 @@ class PullLoop:
         structlog.contextvars.bind_contextvars(partition=item.tp.partition, offset=item.offset)
         terminal = False
         try:
-            await self._runner.run(job)
+            await self._runner.run(job, JobOrigin(item.tp.topic, item.tp.partition, item.offset))
             terminal = True
+        except RunFailed:  # the engine raised before the caller saw a token: run it again
+            terminal = await self._requeue_job(job)
         except asyncio.CancelledError:
             # Cancelled by its client: that is its end. Preempted: re-queued, so this offset
             # is done. Cancelled by a drain past its grace or a crash: it never finished, so

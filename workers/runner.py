@@ -8,6 +8,7 @@ a batch file (``job.batch``) ends instead in one `BatchResultEvent` on the durab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -23,15 +24,20 @@ from schemas.messages import (
     UsageCounts,
     UsageRecord,
 )
+from topics.catalog import attempt_key
 from topics.ports import (
+    AttemptRecord,
     BatchCancellations,
     CancelBus,
+    DeadLetterSink,
     EventPublisher,
+    JobAttempts,
     JobLedger,
     QueueBacklog,
     ResultSink,
     UsageSink,
 )
+from workers.dead_letters import dead_letter_for_failing_job
 from workers.engine.port import EngineClient
 from workers.load import LoadTracker
 
@@ -42,6 +48,19 @@ log = structlog.get_logger()
 class JobOutcome:
     outcome: str
     usage: UsageCounts
+
+
+@dataclass(frozen=True)
+class JobOrigin:
+    """Where a job's record sits (named in its dead letter)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class RunFailed(Exception):
+    """The engine raised before the caller saw a token: run the job again (re-queue it)."""
 
 
 class JobRunner:
@@ -56,8 +75,14 @@ class JobRunner:
         load: LoadTracker,
         results: ResultSink,
         batch_cancels: BatchCancellations,
+        attempts: JobAttempts,
+        dead_letters: DeadLetterSink,
+        max_failed_runs: int = 2,
     ) -> None:
         self._engine = engine
+        self._attempts = attempts
+        self._dead_letters = dead_letters
+        self._max_failed_runs = max_failed_runs
         self._results = results
         self._batch_cancels = batch_cancels
         self._publisher = publisher
@@ -69,34 +94,27 @@ class JobRunner:
         self._backlog = backlog
         self._load = load
 
-    async def run(self, job: InferenceJob) -> JobOutcome:
-        """Run `job` to a terminal event; cancelling the calling task aborts it in the engine."""
+    async def run(self, job: InferenceJob, origin: JobOrigin | None = None) -> JobOutcome:
+        """Run `job` to a terminal event; cancelling the calling task aborts it in the engine.
+
+        Raises `RunFailed` when the engine raised before the caller saw a token: the job is
+        re-queued (and dead-lettered once its runs have failed `max_failed_runs` times)."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
         # The job leaves the queue now (admission counts queued prompt tokens per pool).
         await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
-        if await self._ledger.is_finished(job.request_id):
+        forced = job.replay is not None and job.replay.force
+        if not forced and await self._ledger.is_finished(job.request_id):
             bound.info("job_skipped_finished")
             return JobOutcome("duplicate", UsageCounts())
+        key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
+        earlier = await self._attempts.begin(key)
+        delivered = earlier.delivered
         if await self._cancels.is_cancelled(job.request_id):
-            await self._finished(job, "cancelled", UsageCounts(), time.time())
-            return JobOutcome("cancelled", UsageCounts())
-        if job.batch is not None and await self._batch_cancels.is_batch_cancelled(
-            job.batch.batch_id
-        ):
-            await self._publish_error(
-                job, "batch_cancelled", "The batch was cancelled before this line ran."
-            )
-            await self._finished(job, "cancelled", UsageCounts(), time.time())
-            return JobOutcome("cancelled", UsageCounts())
-        if time.time() > job.deadline:
-            await self._publish_error(
-                job,
-                "batch_expired" if job.batch is not None else "deadline_exceeded",
-                "The request expired in the queue before a worker could start it.",
-            )
-            bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
-            await self._finished(job, "deadline_exceeded", UsageCounts(), time.time())
-            return JobOutcome("deadline_exceeded", UsageCounts())
+            await self._finished(job, "cancelled", delivered, time.time())
+            return JobOutcome("cancelled", delivered)
+        ended = await self._ended_before_running(job, earlier, origin)
+        if ended is not None:
+            return ended
 
         started = time.time()
         usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))
@@ -129,8 +147,13 @@ class JobRunner:
                     seq=seq,
                     text=step.text,
                     num_tokens=step.num_new_tokens,
+                    attempt=earlier.attempt,
                 )
-                await self._publisher.publish(job.reply_to, event)
+                if job.stream:  # the caller sees it now: record that, with the publish
+                    await self._attempts.publish_delivered(key, job.reply_to, event, usage)
+                    delivered = usage
+                else:
+                    await self._publisher.publish(job.reply_to, event)
                 seq += 1
             self._ending.add(job.request_id)  # a cancel from now on changes nothing
             finish_reason: FinishReason = "length" if outcome == "length" else "stop"
@@ -138,17 +161,24 @@ class JobRunner:
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
-                raise  # a shutdown, not an end: the job stays uncommitted and runs again
+                # A preemption or a shutdown, not an end: the job runs again (re-queued, or
+                # its offset stays uncommitted). This run ended cleanly: not a failed run.
+                with contextlib.suppress(Exception):
+                    await self._attempts.ended(key)
+                raise
             self._client_cancelled.discard(job.request_id)
             outcome = "cancelled"
             await self._finished(job, outcome, usage, started)
             raise
         except Exception as exc:
+            bound.error("job_failed", error=type(exc).__name__, attempt=earlier.attempt)
+            if delivered.completion_tokens == 0:
+                raise RunFailed(type(exc).__name__) from exc  # re-queued; the caller saw nothing
             outcome = "engine_error"
-            bound.error("job_failed", error=type(exc).__name__)
             await self._publish_error(
-                job, "engine_error", "The engine failed while running this request.", usage
+                job, "engine_error", "The engine failed while running this request.", delivered
             )
+            usage = delivered
         finally:
             self._load.finished(job.request_id)
         try:
@@ -156,6 +186,60 @@ class JobRunner:
         finally:
             self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
+
+    async def _ended_before_running(
+        self, job: InferenceJob, earlier: AttemptRecord, origin: JobOrigin | None
+    ) -> JobOutcome | None:
+        """The ends a job meets before the engine: its batch was cancelled, it expired, it
+        keeps failing, or an earlier run already streamed to its caller."""
+        bound = log.bind(request_id=job.request_id, team=job.team, attempt=earlier.attempt)
+        if job.batch is not None and await self._batch_cancels.is_batch_cancelled(
+            job.batch.batch_id
+        ):
+            await self._publish_error(
+                job, "batch_cancelled", "The batch was cancelled before this line ran."
+            )
+            await self._finished(job, "cancelled", UsageCounts(), time.time())
+            return JobOutcome("cancelled", UsageCounts())
+        if time.time() > job.deadline:
+            await self._publish_error(
+                job,
+                "batch_expired" if job.batch is not None else "deadline_exceeded",
+                "The request expired in the queue before a worker could start it.",
+            )
+            bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
+            await self._finished(job, "deadline_exceeded", UsageCounts(), time.time())
+            return JobOutcome("deadline_exceeded", UsageCounts())
+        delivered = earlier.delivered
+        if earlier.failed >= self._max_failed_runs:
+            if origin is not None:  # without one (a test calling run() directly), just fail
+                await self._dead_letters.publish(
+                    dead_letter_for_failing_job(
+                        job, origin.topic, origin.partition, origin.offset, earlier.failed
+                    )
+                )
+            bound.warning("job_dead_lettered", reason="engine_failed", failed_runs=earlier.failed)
+            await self._publish_error(
+                job,
+                "engine_failed",
+                f"The request failed on {earlier.failed} runs and was set aside.",
+                delivered,
+            )
+            await self._finished(job, "engine_failed", delivered, time.time())
+            return JobOutcome("engine_failed", delivered)
+        if job.stream and job.batch is None and delivered.completion_tokens > 0:
+            # Its caller saw tokens from a run that died: re-running would repeat text.
+            bound.info("job_interrupted", delivered_tokens=delivered.completion_tokens)
+            await self._publish_error(
+                job,
+                "stream_interrupted",
+                "The worker running this request stopped after streaming "
+                f"{delivered.completion_tokens} tokens; retry the request.",
+                delivered,
+            )
+            await self._finished(job, "interrupted", delivered, time.time())
+            return JobOutcome("interrupted", delivered)
+        return None
 
     async def _publish_output(
         self,
@@ -230,8 +314,13 @@ class JobRunner:
         started: float,
         first_token_at: float | None = None,
     ) -> None:
-        """A terminal outcome: remember it, and bill exactly the tokens produced."""
-        await self._ledger.mark_finished(job.request_id)
+        """A terminal outcome: remember it, and bill exactly the tokens produced (once: a
+        second run reaching an outcome, e.g. a worker thought dead, bills nothing)."""
+        first = await self._ledger.mark_finished(job.request_id)
+        forced = job.replay is not None and job.replay.force
+        if not first and not forced:
+            log.warning("job_finished_twice", request_id=job.request_id, outcome=outcome)
+            return
         await self._usage.record(
             UsageRecord(
                 request_id=job.request_id,

@@ -50,6 +50,13 @@ class WorkerSettings(BaseSettings):
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0
     """How long a heartbeat lives; a replica silent for longer is treated as gone."""
+    max_failed_runs: int = 2
+    """A job whose runs ended without an outcome this many times (its worker died, or the
+    engine raised before its caller saw a token) goes to the dead-letter topic instead of
+    running again, so one poison request cannot take down worker after worker."""
+    done_ttl_s: int = 7 * 86_400
+    """How long finished request ids are remembered, so redeliveries and replays of them are
+    skipped (match the job topics' retention)."""
     drain_grace_s: float = 60.0
     """On SIGTERM, how long in-flight requests may run before they are aborted."""
     log_json: bool = False

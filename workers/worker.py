@@ -16,6 +16,7 @@ from topics.kafka import (
     KafkaUsageSink,
     job_consumer,
 )
+from topics.redis_attempts import RedisJobAttempts
 from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import (
     RedisCancelBus,
@@ -77,16 +78,20 @@ class Worker:
             await consumer.start()
             cancels = RedisCancelBus(redis)
             load = LoadTracker()
+            dead_letters = KafkaDeadLetterSink(producer)
             runner = JobRunner(
                 self.engine,
                 RedisEventPublisher(redis),
                 KafkaUsageSink(producer),
                 cancels,
-                RedisJobLedger(redis),
+                RedisJobLedger(redis, ttl_s=settings.done_ttl_s),
                 RedisBacklog(redis),
                 load,
                 KafkaResultSink(producer),
                 cancels,
+                RedisJobAttempts(redis),
+                dead_letters,
+                max_failed_runs=settings.max_failed_runs,
             )
             loop = PullLoop(
                 consumer,
@@ -94,7 +99,7 @@ class Worker:
                 runner,
                 settings.pool,
                 requeue=KafkaJobQueue(producer),
-                dead_letters=KafkaDeadLetterSink(producer),
+                dead_letters=dead_letters,
                 load=load,
                 policy=HeadroomPolicy(
                     batch_kv_watermark=settings.batch_kv_watermark,

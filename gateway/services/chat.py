@@ -52,6 +52,8 @@ class ActiveRequest:
     first_token_at: float | None = None
     last_token_at: float | None = None
     tokens: int = 0
+    attempt: int = 0
+    """The run of the job whose tokens this request relays (0 until the first token)."""
     outcome: str = "abandoned"
     _done: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
@@ -130,6 +132,8 @@ class ChatService:
                         code="timeout",
                         message="The request did not finish before its deadline.",
                     )
+                if isinstance(event, TokenEvent) and not self._same_run(active, event):
+                    continue
                 self._observe(active, event)
                 if not isinstance(event, TokenEvent):
                     # Done before the caller sees it: a caller that stops iterating at the
@@ -140,6 +144,19 @@ class ChatService:
                 yield event
         finally:
             self._finish(active)
+
+    @staticmethod
+    def _same_run(active: ActiveRequest, event: TokenEvent) -> bool:
+        """Whether to relay a token event. A job whose worker died before its caller saw a
+        token runs again: a stream keeps the first run it relayed (a later run only starts
+        when the first streamed nothing); a buffered answer keeps the latest run."""
+        if event.attempt == active.attempt:
+            return True
+        if active.attempt == 0 or (not active.job.stream and event.attempt > active.attempt):
+            active.attempt = event.attempt
+            active.tokens = 0
+            return True
+        return False
 
     def _observe(self, active: ActiveRequest, event: ReplyEventT) -> None:
         now = time.time()
@@ -221,8 +238,12 @@ class ChatService:
     async def complete(self, active: ActiveRequest) -> ChatCompletion:
         """Buffer the whole answer into one `chat.completion`."""
         parts: list[str] = []
+        attempt = 0
         async for event in self.events(active):
             if isinstance(event, TokenEvent):
+                if event.attempt != attempt:  # a new run: its text replaces the dead one's
+                    attempt = event.attempt
+                    parts.clear()
                 parts.append(event.text)
             elif isinstance(event, FinishEvent):
                 return ChatCompletion(

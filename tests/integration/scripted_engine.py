@@ -15,7 +15,8 @@ from workers.engine.port import EngineStats, EngineStep
 
 
 class ScriptedEngine:
-    """Answers each job with "<request_id>:<i>" tokens; jobs named in `hold` never finish."""
+    """Answers each job with "<request_id>:<i>" tokens; jobs named in `hold` never finish,
+    jobs in `stall_after` stop (forever) after that many tokens, jobs in `fail` raise."""
 
     def __init__(
         self,
@@ -23,8 +24,12 @@ class ScriptedEngine:
         hold: set[str] | None = None,
         max_num_seqs: int = 4,
         step_s: float = 0.0,
+        stall_after: dict[str, int] | None = None,
+        fail: set[str] | None = None,
     ) -> None:
         self.tokens = tokens
+        self.stall_after = stall_after or {}
+        self.fail = fail or set()
         self.step_s = step_s
         self.order: list[str] = []
         self.hold = hold or set()
@@ -38,6 +43,8 @@ class ScriptedEngine:
         self.started = asyncio.Event()
         self.generating = asyncio.Event()
         """Set once the first job starts generating."""
+        self.stalled = asyncio.Event()
+        """Set once a job named in `stall_after` has stalled."""
 
     async def start(self) -> None:
         self.started.set()
@@ -51,8 +58,13 @@ class ScriptedEngine:
         try:
             if job.request_id in self.hold:
                 await asyncio.Event().wait()
+            if job.request_id in self.fail:
+                raise RuntimeError("scripted engine failure")
             prompt = len(job.prompt_token_ids)
             for i in range(self.tokens):
+                if self.stall_after.get(job.request_id) == i:
+                    self.stalled.set()
+                    await asyncio.Event().wait()
                 await asyncio.sleep(self.step_s)
                 yield EngineStep(
                     text=f"{job.request_id}:{i} ",

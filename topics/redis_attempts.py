@@ -1,0 +1,57 @@
+"""Redis adapter for job runs: one hash per job counting its runs and what they streamed.
+
+Fields: ``starts`` and ``ends`` (runs begun, and runs that ended in a handled way), and
+``prompt``/``cached``/``completion`` (the usage the caller has seen so far). A run that began
+but never ended is one whose worker died (SIGKILL, OOM, node loss) or whose engine raised.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from schemas.messages import TokenEvent, UsageCounts
+from topics.ports import AttemptRecord
+
+
+class RedisJobAttempts:
+    def __init__(self, redis: Redis, ttl_s: int = 86_400) -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+
+    async def begin(self, key: str) -> AttemptRecord:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(key, "starts", 1)
+            pipe.hgetall(key)
+            pipe.expire(key, self._ttl_s)
+            starts, fields, _ = await pipe.execute()
+
+        def field(name: str) -> int:
+            return int(fields.get(name.encode(), 0))
+
+        return AttemptRecord(
+            attempt=int(starts),
+            failed=max(int(starts) - 1 - field("ends"), 0),
+            delivered=UsageCounts(
+                prompt_tokens=field("prompt"),
+                cached_tokens=field("cached"),
+                completion_tokens=field("completion"),
+            ),
+        )
+
+    async def ended(self, key: str) -> None:
+        await self._redis.hincrby(key, "ends", 1)
+
+    async def publish_delivered(
+        self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
+    ) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                key,
+                mapping={
+                    "prompt": usage.prompt_tokens,
+                    "cached": usage.cached_tokens,
+                    "completion": usage.completion_tokens,
+                },
+            )
+            pipe.publish(channel, event.to_bytes())
+            await pipe.execute()
