@@ -32,6 +32,7 @@ class Heartbeat:
         self._model = model
         self._interval_s = interval_s
         self.state: ReplicaState = "loading"
+        self.healthy = True
         self.engine: EngineClient | None = None
         self.partitions: Callable[[], list[str]] = list
         self.load: LoadTracker | None = None
@@ -43,6 +44,7 @@ class Heartbeat:
             pool=self._pool,
             model=self._model,
             state=self.state,
+            healthy=self.healthy,
             partitions=tuple(self.partitions()),
             kv_cache_usage=stats.kv_cache_usage if stats else 0.0,
             running=stats.running if stats else 0,
@@ -59,10 +61,13 @@ class Heartbeat:
             return stats.prefill_tokens_per_s
         return self.load.prefill_tokens_per_s() if self.load else 0.0
 
+    async def beat_now(self) -> None:
+        await self._directory.beat(self.current())
+
     async def run(self) -> None:
         while True:
             try:
-                await self._directory.beat(self.current())
+                await self.beat_now()
             except Exception as exc:  # Redis away: keep beating, it comes back
                 log.warning("heartbeat_failed", error=type(exc).__name__)
             await asyncio.sleep(self._interval_s)

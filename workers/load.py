@@ -31,11 +31,22 @@ class LoadTracker:
         # (prefilled tokens, seconds to first token) of recent jobs: the rate is the ratio of
         # the sums, so long prompts (where the rate matters) weigh more than short ones.
         self._prefills: deque[tuple[int, float]] = deque(maxlen=window)
+        self._last_progress = time.monotonic()
 
     def started(self, job: InferenceJob) -> None:
         self._jobs[job.request_id] = _Progress(job=job, started_at=time.monotonic())
+        if len(self._jobs) == 1:  # the engine was idle until now: silence starts counting
+            self._last_progress = time.monotonic()
+
+    def silent_for(self) -> float | None:
+        """Seconds since the engine last produced output for any job held here (or since it
+        became busy); None while no job is held (an idle engine is not silent)."""
+        if not self._jobs:
+            return None
+        return time.monotonic() - self._last_progress
 
     def produced(self, request_id: str, new_tokens: int, cached_tokens: int) -> None:
+        self._last_progress = time.monotonic()
         progress = self._jobs.get(request_id)
         if progress is None:
             return

@@ -7,7 +7,7 @@ import signal
 
 from workers.engine.port import EngineClient
 from workers.settings import WorkerSettings
-from workers.worker import Worker
+from workers.worker import Worker, WorkerUnhealthy
 
 
 def build_engine(settings: WorkerSettings) -> EngineClient:
@@ -33,5 +33,12 @@ async def serve(settings: WorkerSettings, engine: EngineClient) -> None:
     await worker.run()
 
 
+UNHEALTHY_EXIT_CODE = 3
+
+
 def run_worker(settings: WorkerSettings) -> None:
-    asyncio.run(serve(settings, build_engine(settings)))
+    """Serve; an unhealthy engine exits with code 3 for the supervisor to restart."""
+    try:
+        asyncio.run(serve(settings, build_engine(settings)))
+    except WorkerUnhealthy:
+        raise SystemExit(UNHEALTHY_EXIT_CODE) from None

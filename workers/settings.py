@@ -50,6 +50,14 @@ class WorkerSettings(BaseSettings):
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0
     """How long a heartbeat lives; a replica silent for longer is treated as gone."""
+    health_probe_interval_s: float = 5.0
+    """How often the worker runs a one-token generation to prove the engine works (0: off)."""
+    health_probe_timeout_s: float = 10.0
+    """How long a probe generation may take before it counts as failed."""
+    health_failures_allowed: int = 2
+    """Failed probes in a row that make the worker unhealthy: it stops, exits non-zero."""
+    watchdog_stall_s: float = 30.0
+    """The engine holding jobs but producing nothing for this long is a hang: same exit."""
     max_failed_runs: int = 2
     """A job whose runs ended without an outcome this many times (its worker died, or the
     engine raised before its caller saw a token) goes to the dead-letter topic instead of

@@ -26,6 +26,7 @@ from topics.redis_relay import (
 )
 from workers.engine.port import EngineClient
 from workers.headroom import HeadroomPolicy
+from workers.health import EngineHealth
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
 from workers.pull_loop import PullLoop, listen_for_cancels
@@ -33,6 +34,10 @@ from workers.runner import JobRunner
 from workers.settings import WorkerSettings
 
 log = structlog.get_logger()
+
+
+class WorkerUnhealthy(RuntimeError):
+    """The engine failed its health checks: exit non-zero for the supervisor to restart."""
 
 
 class Worker:
@@ -117,7 +122,18 @@ class Worker:
             heartbeat.state = "draining" if self._drain_requested else "ready"
             self.ready.set()
             log.info("worker_ready", model=settings.model, max_num_seqs=self.engine.max_num_seqs)
-            await loop.run(settings.drain_grace_s)
+            health = EngineHealth(
+                self.engine,
+                load,
+                replica_id=settings.replica_id,
+                model=settings.model,
+                pool=settings.pool,
+                interval_s=settings.health_probe_interval_s,
+                timeout_s=settings.health_probe_timeout_s,
+                failures_allowed=settings.health_failures_allowed,
+                stall_s=settings.watchdog_stall_s,
+            )
+            await self._serve_while_healthy(loop, health, heartbeat)
         finally:
             if loop is not None:
                 await loop.abandon()  # no-op after a drain; a crash leaves jobs uncommitted
@@ -128,10 +144,41 @@ class Worker:
                     await task
             with contextlib.suppress(Exception):
                 await consumer.stop()
-            with contextlib.suppress(Exception):
-                await heartbeat.remove()
+            if heartbeat.healthy:  # an unhealthy one stays visible as such until its TTL ends
+                with contextlib.suppress(Exception):
+                    await heartbeat.remove()
             with contextlib.suppress(Exception):
                 await producer.stop()
-            await self.engine.shutdown()
+            try:  # a hung engine may not stop either: the process exits regardless
+                async with asyncio.timeout(self.settings.drain_grace_s):
+                    await self.engine.shutdown()
+            except Exception as exc:
+                log.warning("engine_shutdown_failed", error=type(exc).__name__)
             await redis.aclose()
             log.info("worker_stopped")
+
+    async def _serve_while_healthy(
+        self, loop: PullLoop, health: EngineHealth, heartbeat: Heartbeat
+    ) -> None:
+        """Run the pull loop until it drains, or until the engine turns out unhealthy: then
+        say so in the heartbeat (the gateway stops routing here) and raise, abandoning the
+        held jobs uncommitted so the partitions' next owner runs them."""
+        serving = asyncio.create_task(loop.run(self.settings.drain_grace_s))
+        watching = asyncio.create_task(health.watch())
+        try:
+            await asyncio.wait({serving, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watching, serving):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if not serving.cancelled():
+            serving.result()  # drained (or failed: raise that)
+            return
+        reason = watching.result()
+        heartbeat.healthy = False
+        with contextlib.suppress(Exception):
+            await heartbeat.beat_now()
+        log.error("worker_unhealthy", reason=reason)
+        raise WorkerUnhealthy(reason)

@@ -42,7 +42,7 @@ def start_worker(
         pool=pool,
         model="m",
         replica_id=f"w-{pool}-{replica}",
-        **settings_fields,
+        **{"health_probe_interval_s": 0.0, **settings_fields},
     )
     worker = Worker(settings, engine)
     return worker, asyncio.create_task(worker.run())

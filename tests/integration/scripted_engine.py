@@ -29,6 +29,8 @@ class ScriptedEngine:
     ) -> None:
         self.tokens = tokens
         self.stall_after = stall_after or {}
+        self.hung = False
+        """Set it to make every generation hang (an engine that stopped stepping)."""
         self.fail = fail or set()
         self.step_s = step_s
         self.order: list[str] = []
@@ -56,7 +58,7 @@ class ScriptedEngine:
         self.peak_running = max(self.peak_running, len(self.running))
         self.generating.set()
         try:
-            if job.request_id in self.hold:
+            if job.request_id in self.hold or self.hung:
                 await asyncio.Event().wait()
             if job.request_id in self.fail:
                 raise RuntimeError("scripted engine failure")

@@ -12,6 +12,7 @@ import asyncio
 import uuid
 
 import pytest
+from redis.asyncio import Redis
 
 from schemas.messages import (
     DeadLetter,
@@ -26,7 +27,8 @@ from tests.polling import eventually
 from tests.topic_reading import read_until
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer
-from topics.redis_relay import RedisReplyRelay
+from topics.redis_relay import RedisReplicaDirectory, RedisReplyRelay
+from workers.worker import WorkerUnhealthy
 
 pytestmark = pytest.mark.integration
 
@@ -139,3 +141,39 @@ async def test_a_job_that_keeps_failing_is_dead_lettered_and_its_partition_flows
 
 async def _async(value: set[str]) -> set[str]:
     return set(value)
+
+
+async def test_a_hung_engine_fails_its_probes_and_the_worker_exits_unhealthy(
+    pool: str, redis: Redis, kafka_bootstrap: str, redis_url: str
+) -> None:
+    engine = ScriptedEngine(tokens=2)
+    worker, task = start_worker(
+        pool, kafka_bootstrap, redis_url, engine,
+        health_probe_interval_s=0.2, health_probe_timeout_s=0.3,
+    )  # fmt: skip
+    await asyncio.wait_for(worker.ready.wait(), 30)
+    await eventually(lambda: _async(set(engine.calls)), lambda c: len(c) >= 2, 10)  # probes ran
+    assert all(rid.startswith("health-") for rid in engine.calls)
+    engine.hung = True  # the engine stops answering: the process itself is fine
+    with pytest.raises(WorkerUnhealthy, match="probe failed 2 times"):
+        await asyncio.wait_for(task, 30)
+    beats = await RedisReplicaDirectory(redis).replicas()
+    mine = [b for b in beats if b.replica_id == worker.settings.replica_id]
+    assert mine and not mine[0].healthy  # the gateway no longer routes to it
+
+
+async def test_the_step_watchdog_exits_on_a_stall_and_the_job_runs_elsewhere(
+    pool: str, relay: RedisReplyRelay, producer: KafkaProducer, kafka_bootstrap: str, redis_url: str
+) -> None:
+    stuck = f"stuck-{uuid.uuid4().hex[:6]}"
+    engine = ScriptedEngine(tokens=2, hold={stuck})  # holds the job, produces nothing
+    _, task = start_worker(pool, kafka_bootstrap, redis_url, engine, watchdog_stall_s=0.5)
+    relay.open(stuck)
+    await KafkaJobQueue(producer).submit(make_job(pool, relay, stuck), partition=0)
+    with pytest.raises(WorkerUnhealthy, match="produced nothing"):
+        await asyncio.wait_for(task, 30)
+
+    worker2, task2 = start_worker(pool, kafka_bootstrap, redis_url, ScriptedEngine(tokens=2), "1")
+    assert isinstance((await collect(relay, stuck))[-1], FinishEvent)  # uncommitted: re-run
+    worker2.drain()
+    await asyncio.wait_for(task2, 30)
