@@ -223,6 +223,21 @@ def bench_batch(
         json_path.write_text(comparison.model_dump_json(indent=2) + "\n")
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    settings_json: Annotated[
+        str, typer.Option("--settings", help="ChaosSettings fields as JSON (rate, kill_at_s ...).")
+    ] = "{}",
+) -> None:
+    """SIGKILL a worker (and optionally restart Redis) under load; count lost and duplicated."""
+    from llmq.bench.chaos import ChaosSettings, format_chaos, run_chaos
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False, level="WARNING")
+    figures, timeline = asyncio.run(run_chaos(ChaosSettings.model_validate_json(settings_json)))
+    typer.echo(format_chaos(figures, timeline))
+
+
 @bench_app.command("simulate")
 def bench_simulate(
     settings_json: Annotated[
@@ -308,6 +323,87 @@ def batch_cancel(
     from llmq.batch_cli import run_cancel
 
     raise typer.Exit(run_cancel(base_url, api_key, batch_id))
+
+
+@app.command("replay")
+def replay(
+    topic: Annotated[
+        str | None, typer.Option(help="Job topic to re-drive (llmq.jobs.<pool>.<class>).")
+    ] = None,
+    dead: Annotated[
+        bool,
+        typer.Option(
+            "--dead", help="Re-drive dead letters' jobs to their original topic and partition."
+        ),
+    ] = False,
+    partition: Annotated[
+        list[int] | None, typer.Option(min=0, help="Partition to read (repeatable; default all).")
+    ] = None,
+    from_offset: Annotated[
+        int | None, typer.Option(min=0, help="First offset per partition (inclusive).")
+    ] = None,
+    to_offset: Annotated[
+        int | None, typer.Option(min=0, help="End offset per partition (exclusive).")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TIME",
+            help="Records produced at or after TIME (ISO-8601, UTC if no zone, or epoch s).",
+        ),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(metavar="TIME", help="Records produced before TIME.")
+    ] = None,
+    team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
+    model: Annotated[str | None, typer.Option(help="Only jobs for this model.")] = None,
+    batch_id: Annotated[str | None, typer.Option(help="Only this batch's lines.")] = None,
+    request_id: Annotated[
+        list[str] | None, typer.Option(help="Only these request ids (repeatable).")
+    ] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="With --dead: unparseable, unknown_schema_version or engine_failed."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replay jobs even if the done ledger says finished.")
+    ] = False,
+    extend_deadline: Annotated[
+        float | None,
+        typer.Option(
+            metavar="S",
+            help="Deadline at least S seconds from now (else expired jobs are skipped).",
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count; produce nothing.")] = False,
+    bootstrap: Annotated[str, typer.Option(envvar="LLMQ_KAFKA_BOOTSTRAP")] = "127.0.0.1:9092",
+    redis_url: Annotated[str, typer.Option(envvar="LLMQ_REDIS_URL")] = "redis://127.0.0.1:6379/0",
+) -> None:
+    """Re-drive jobs (same request ids, with a replay marker) from a job topic or dead letters."""
+    from llmq.logging import configure_logging
+    from llmq.replay import (
+        JobFilters,
+        ReplayOptions,
+        ReplayUsageError,
+        parse_time,
+        run_replay_command,
+    )
+
+    configure_logging(json=False, level="WARNING")
+    try:
+        options = ReplayOptions(
+            topic=topic, dead=dead, partitions=tuple(partition or ()), from_offset=from_offset,
+            to_offset=to_offset, since=None if since is None else parse_time(since),
+            until=None if until is None else parse_time(until), force=force,
+            filters=JobFilters(team=team, model=model, batch_id=batch_id,
+                               request_ids=frozenset(request_id or ()), reason=reason),
+            extend_deadline_s=extend_deadline, dry_run=dry_run,
+        )  # fmt: skip
+        options.validate()
+    except ReplayUsageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(run_replay_command(options, bootstrap=bootstrap, redis_url=redis_url))
 
 
 if __name__ == "__main__":

@@ -284,7 +284,8 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     for index in range(settings.workers):
         name = "worker" if settings.workers == 1 else f"worker-{index}"
         env = _worker_env(settings, model_path, bootstrap, index)
-        workers.append(start_llmq("worker", env, _fresh_log(name), name=name))
+        # Supervised, as Kubernetes would: a worker that dies or exits unhealthy is restarted.
+        workers.append(start_llmq("worker", env, _fresh_log(name), name=name, supervised=True))
         record(workers[-1])
     gateway_env = _gateway_env(settings, model_path, bootstrap)
     gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))

@@ -188,6 +188,24 @@ def spawn(
     return proc
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children first), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(entry.name)
+        if stat is not None and len(stat) > 1:
+            parents.setdefault(int(stat[1]), []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = parents.get(frontier.pop(0), [])
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
 def wait_ready(
     check: Callable[[], bool], timeout: float, watch: Sequence[ManagedProcess], what: str
 ) -> None:
@@ -397,9 +415,11 @@ def start_llmq(
     env: dict[str, str],
     log_path: Path,
     name: str | None = None,
+    supervised: bool = False,
 ) -> ManagedProcess:
     """``python -m llmq.cli <kind>`` (``batch serve`` for the batch service) with os.environ +
-    env; returns once it is spawned.
+    env; returns once it is spawned. `supervised` runs it under `llmq.supervisor`, which
+    restarts it when it dies (the recorded pid is then the supervisor's).
 
     Readiness is the caller's business (the gateway's /readyz covers both): use wait_ready.
     """
@@ -410,4 +430,6 @@ def start_llmq(
     if port is not None:
         _require_free_port(name or kind, port)
     argv = [sys.executable, "-m", "llmq.cli", *(["batch", "serve"] if kind == "batch" else [kind])]
+    if supervised:
+        argv = [sys.executable, "-m", "llmq.supervisor", "--", *argv]
     return spawn(name or kind, argv, log_path, port=port, env=full_env, host=host)

@@ -55,3 +55,7 @@ class RedisJobAttempts:
             )
             pipe.publish(channel, event.to_bytes())
             await pipe.execute()
+
+    async def runs(self, key: str) -> int:
+        """How many runs of the job began (0 if none is remembered)."""
+        return int(await self._redis.hget(key, "starts") or 0)

@@ -330,7 +330,8 @@ class JobRunner:
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,
-                reserved_tokens=job.reserved_tokens,
+                # A forced re-run of a finished job reserved nothing new: refund nothing twice.
+                reserved_tokens=job.reserved_tokens if first else 0,
                 finish_reason=outcome,
                 finished_at=time.time(),
             )
