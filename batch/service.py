@@ -16,7 +16,6 @@ import time
 import aioboto3
 import structlog
 from pydantic import ValidationError
-from redis.asyncio import Redis
 
 from batch.collector import ResultCollector
 from batch.fanout import BatchFanout
@@ -30,6 +29,7 @@ from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
 from topics.redis_backlog import RedisBacklog
+from topics.redis_client import connect_redis
 
 log = structlog.get_logger()
 
@@ -107,7 +107,7 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     """Run until ``stop`` is set."""
     client_id = settings.service_id
     await ensure_topics(settings.kafka_bootstrap, sorted({d.pool for d in settings.deployments}))
-    redis = Redis.from_url(settings.redis_url)
+    redis = connect_redis(settings.redis_url)
     store = RedisBatchStore(redis)
     files = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
     producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import aioboto3
 import structlog
 from fastapi import FastAPI
-from redis.asyncio import BlockingConnectionPool, Redis
 
 from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
@@ -31,6 +30,7 @@ from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
 from topics.redis_backlog import RedisBacklog
+from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from topics.redis_token_bucket import RedisTokenBucket
 
@@ -44,13 +44,11 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client_id = f"gateway-{settings.gateway_id}"
         # Requests wait for a free connection instead of failing under a burst.
-        redis = Redis(
-            connection_pool=BlockingConnectionPool.from_url(
-                settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
-            )
-        )
+        redis = connect_redis(settings.redis_url, max_connections=settings.redis_max_connections)
         producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
-        relay = RedisReplyRelay(redis, settings.gateway_id)
+        # Its own connection, without retries: a cut must surface, so the streams it cut end.
+        relay_redis = connect_redis(settings.redis_url, retries=0)
+        relay = RedisReplyRelay(relay_redis, settings.gateway_id)
         replicas = ReplicaView(RedisReplicaDirectory(redis), settings.replica_refresh_s)
         registry = ModelRegistry(settings.deployments, replicas)
         quota = QuotaService(RedisTokenBucket(redis), settings.teams)
@@ -114,6 +112,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             await relay.stop()
             await producer.stop()
             await redis.aclose()
+            await relay_redis.aclose()
             log.info("gateway_stopped", gateway_id=settings.gateway_id)
 
     app = FastAPI(title="llmq", version="0.1.0", lifespan=lifespan)

@@ -51,6 +51,8 @@ class ReplySubscription(Protocol):
     """The events of one request, in order, as they reach this gateway."""
 
     request_id: str
+    interrupted: bool
+    """The relay was cut while the request was open: its job may still be running."""
 
     def __aiter__(self) -> AsyncIterator[ReplyEventT]: ...
 

@@ -30,6 +30,7 @@ class _RequestEvents:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.queue: asyncio.Queue[ReplyEventT] = asyncio.Queue()
+        self.interrupted = False
 
     async def next_event(self) -> ReplyEventT:
         return await self.queue.get()
@@ -121,6 +122,7 @@ class RedisReplyRelay:
     def _interrupt_open_requests(self) -> None:
         """Events published while the subscription was down are lost: end those streams."""
         for events in list(self._requests.values()):
+            events.interrupted = True
             events.queue.put_nowait(
                 ErrorEvent(
                     request_id=events.request_id,

@@ -324,6 +324,9 @@ class PullLoop:
             terminal = True
         except RunFailed:  # the engine raised before the caller saw a token: run it again
             terminal = await self._requeue_job(job)
+        except Exception as exc:  # Redis or Kafka failed us: re-queue, never stall the offset
+            log.error("job_run_broken", request_id=job.request_id, error=type(exc).__name__)
+            terminal = await self._requeue_job(job)
         except asyncio.CancelledError:
             # Cancelled by its client: that is its end. Preempted: re-queued, so this offset
             # is done. Cancelled by a drain past its grace or a crash: it never finished, so

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 
 import structlog
-from redis.asyncio import Redis
 
 from topics.kafka import (
     KafkaDeadLetterSink,
@@ -18,6 +17,7 @@ from topics.kafka import (
 )
 from topics.redis_attempts import RedisJobAttempts
 from topics.redis_backlog import RedisBacklog
+from topics.redis_client import connect_redis
 from topics.redis_relay import (
     RedisCancelBus,
     RedisEventPublisher,
@@ -63,7 +63,8 @@ class Worker:
     async def run(self) -> None:
         settings = self.settings
         structlog.contextvars.bind_contextvars(replica=settings.replica_id, pool=settings.pool)
-        redis = Redis.from_url(settings.redis_url)
+        redis = connect_redis(settings.redis_url)
+        listener_redis = connect_redis(settings.redis_url, retries=0)
         producer = KafkaProducer(settings.kafka_bootstrap, client_id=settings.replica_id)
         heartbeat = Heartbeat(
             RedisReplicaDirectory(redis, ttl_ms=int(settings.heartbeat_ttl_s * 1000)),
@@ -116,7 +117,9 @@ class Worker:
             self._loop = loop
             heartbeat.partitions = loop.assigned
             heartbeat.load = load
-            background.append(asyncio.create_task(listen_for_cancels(cancels, loop)))
+            # Its own connection, without retries: a reconnect must resubscribe knowingly.
+            listener = RedisCancelBus(listener_redis)
+            background.append(asyncio.create_task(listen_for_cancels(listener, loop)))
             if self._drain_requested:
                 loop.stop()
             heartbeat.state = "draining" if self._drain_requested else "ready"
@@ -155,6 +158,7 @@ class Worker:
             except Exception as exc:
                 log.warning("engine_shutdown_failed", error=type(exc).__name__)
             await redis.aclose()
+            await listener_redis.aclose()
             log.info("worker_stopped")
 
     async def _serve_while_healthy(

@@ -137,8 +137,9 @@ class ChatService:
                 self._observe(active, event)
                 if not isinstance(event, TokenEvent):
                     # Done before the caller sees it: a caller that stops iterating at the
-                    # terminal event must not turn a finished request into a cancel.
-                    active._done = True
+                    # terminal event must not turn a finished request into a cancel. A relay
+                    # cut is no end of the job: it is cancelled, so it stops being billed.
+                    active._done = not subscription.interrupted
                     yield event
                     return
                 yield event

@@ -43,13 +43,13 @@ class ChaosSettings(BaseModel):
     model: str = "smollm2-135m-instruct"
     duration_s: float = 60.0
     """How long requests keep arriving."""
-    rate: float = 2.0
+    rate: float = 3.0
     """Requests per second (Poisson)."""
-    stream_share: float = 0.6
+    stream_share: float = 0.5
     """Share of requests that stream (the rest wait for the whole answer)."""
     batch_share: float = 0.1
     """Share of non-streaming requests sent at the batch tier."""
-    max_tokens: int = 48
+    max_tokens: int = 64
     kill_at_s: float = 20.0
     """When the worker is killed (seconds after the first request)."""
     kill_worker: str | None = None
@@ -179,6 +179,8 @@ async def run_chaos(s: ChaosSettings) -> tuple[ChaosFigures, list[str]]:
     timeline.append(f"{time.monotonic() - t0:6.1f}s every request ended")
     accepted = {r.request_id for r in requests if r.request_id and r.outcome != "refused"}
     counts = await _usage_counts(s, since, accepted)
+    await redis.aclose()  # its connections may predate a Redis restart: read on new ones
+    redis = Redis.from_url(s.redis_url)
     attempts = RedisJobAttempts(redis)
     runs = {
         r.request_id: await attempts.runs(catalog.attempt_key(r.request_id))

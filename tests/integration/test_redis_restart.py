@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from llmq import services
 from schemas.messages import CancelEvent, ErrorEvent, TokenEvent
 from tests.polling import eventually
+from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisEventPublisher, RedisReplyRelay
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ async def test_relay_and_cancel_listener_survive_a_redis_restart(
 ) -> None:
     port = valkey.port
     url = f"redis://{services.LOCALHOST}:{port}/0"
-    redis = Redis.from_url(url)
+    redis = connect_redis(url)  # as every llmq process connects: commands retry
     relay = RedisReplyRelay(redis, "restart-test", retry_s=0.1)
     await relay.start()
     cancels_seen: list[str] = []
