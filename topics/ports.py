@@ -79,7 +79,9 @@ class ReplyRelay(Protocol):
 class EventPublisher(Protocol):
     """Worker side of the token relay."""
 
-    async def publish(self, channel: str, event: ReplyEventT) -> None: ...
+    async def publish(self, channel: str, event: ReplyEventT) -> int:
+        """Publish one event; return how many gateways received it (0: nobody listens)."""
+        ...
 
 
 class DeadLetterSink(Protocol):
@@ -145,9 +147,10 @@ class JobAttempts(Protocol):
 
     async def publish_delivered(
         self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
-    ) -> None:
-        """Publish a streamed token event and record `usage` as delivered, atomically: a
-        caller has seen exactly the tokens recorded here."""
+    ) -> bool:
+        """Publish a streamed token event and, if a gateway received it, record `usage` as
+        delivered, atomically: a caller has seen exactly the tokens recorded here. False when
+        no gateway listens on the channel (it restarted, or its relay is cut)."""
         ...
 
 

@@ -12,11 +12,23 @@ from redis.asyncio import Redis
 from schemas.messages import TokenEvent, UsageCounts
 from topics.ports import AttemptRecord
 
+_PUBLISH_AND_RECORD = """
+local reached = redis.call('PUBLISH', ARGV[1], ARGV[2])
+if reached > 0 then
+  redis.call('HSET', KEYS[1], 'prompt', ARGV[3], 'cached', ARGV[4], 'completion', ARGV[5])
+end
+return reached
+"""
+"""Publish a token event; only if a gateway received it, record the usage as delivered.
+PUBLISH counts the subscribers that got the message (on one Redis; a Redis Cluster counts
+only its own node's, so llmq uses a single primary for the relay)."""
+
 
 class RedisJobAttempts:
     def __init__(self, redis: Redis, ttl_s: int = 86_400) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
+        self._publish_and_record = redis.register_script(_PUBLISH_AND_RECORD)
 
     async def begin(self, key: str) -> AttemptRecord:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -43,18 +55,18 @@ class RedisJobAttempts:
 
     async def publish_delivered(
         self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
-    ) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                key,
-                mapping={
-                    "prompt": usage.prompt_tokens,
-                    "cached": usage.cached_tokens,
-                    "completion": usage.completion_tokens,
-                },
-            )
-            pipe.publish(channel, event.to_bytes())
-            await pipe.execute()
+    ) -> bool:
+        reached = await self._publish_and_record(
+            keys=[key],
+            args=[
+                channel,
+                event.to_bytes(),
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            ],
+        )
+        return int(reached) > 0
 
     async def runs(self, key: str) -> int:
         """How many runs of the job began (0 if none is remembered)."""

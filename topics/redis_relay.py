@@ -138,8 +138,8 @@ class RedisEventPublisher:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
 
-    async def publish(self, channel: str, event: ReplyEventT) -> None:
-        await self._redis.publish(channel, event.to_bytes())
+    async def publish(self, channel: str, event: ReplyEventT) -> int:
+        return int(await self._redis.publish(channel, event.to_bytes()))
 
 
 class RedisCancelBus:

@@ -63,6 +63,10 @@ class RunFailed(Exception):
     """The engine raised before the caller saw a token: run the job again (re-queue it)."""
 
 
+class _CallerGone(Exception):
+    """A token event reached no gateway: nobody waits for this request any more."""
+
+
 class JobRunner:
     def __init__(
         self,
@@ -122,6 +126,7 @@ class JobRunner:
         # Batch output is published whole at the end: a batch job may be preempted and run
         # again, and its caller must never see the restart.
         buffered: list[str] | None = [] if job.tier == "batch" else None
+        published = usage  # what reached a gateway (a non-streaming one buffers it)
         seq = 0
         first_token_at: float | None = None
         self._load.started(job)
@@ -150,10 +155,15 @@ class JobRunner:
                     attempt=earlier.attempt,
                 )
                 if job.stream:  # the caller sees it now: record that, with the publish
-                    await self._attempts.publish_delivered(key, job.reply_to, event, usage)
-                    delivered = usage
+                    reached = await self._attempts.publish_delivered(
+                        key, job.reply_to, event, usage
+                    )
                 else:
-                    await self._publisher.publish(job.reply_to, event)
+                    reached = await self._publisher.publish(job.reply_to, event) > 0
+                if not reached:
+                    raise _CallerGone
+                delivered = usage if job.stream else delivered
+                published = usage
                 seq += 1
             self._ending.add(job.request_id)  # a cancel from now on changes nothing
             finish_reason: FinishReason = "length" if outcome == "length" else "stop"
@@ -170,6 +180,13 @@ class JobRunner:
             outcome = "cancelled"
             await self._finished(job, outcome, usage, started)
             raise
+        except _CallerGone:
+            # No gateway holds the request any more (it restarted, or its relay was cut and
+            # it ended the stream): stop, and bill what reached a gateway.
+            with contextlib.suppress(Exception):
+                await self._engine.abort(job.request_id)
+            outcome, usage = "caller_gone", published
+            bound.info("job_abandoned", reason="no gateway listens", tokens=usage.completion_tokens)
         except Exception as exc:
             bound.error("job_failed", error=type(exc).__name__, attempt=earlier.attempt)
             if delivered.completion_tokens == 0:

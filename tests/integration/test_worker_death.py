@@ -177,3 +177,21 @@ async def test_the_step_watchdog_exits_on_a_stall_and_the_job_runs_elsewhere(
     assert isinstance((await collect(relay, stuck))[-1], FinishEvent)  # uncommitted: re-run
     worker2.drain()
     await asyncio.wait_for(task2, 30)
+
+
+async def test_a_job_whose_gateway_is_gone_stops_and_bills_only_what_reached_one(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str, redis_url: str
+) -> None:
+    orphan = f"orphan-{uuid.uuid4().hex[:6]}"
+    engine = ScriptedEngine(tokens=50, step_s=0.01)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    # Its gateway restarted: nobody subscribes to the reply channel any more.
+    job = make_job(pool, relay, orphan, reply_to=catalog.reply_channel("restarted-gateway"))
+    await KafkaJobQueue(producer).submit(job, partition=0)
+    usage = await _usage(kafka_bootstrap, {orphan})
+    (record,) = usage[orphan]
+    assert record.finish_reason == "caller_gone"
+    assert record.completion_tokens == 0  # its first token reached nobody: nothing billed
+    assert engine.calls[orphan] == 1 and orphan not in engine.running  # aborted, not run on
+    worker.drain()
+    await asyncio.wait_for(task, 30)
