@@ -16,6 +16,7 @@ import time
 import aioboto3
 import structlog
 from pydantic import ValidationError
+from redis.asyncio import Redis
 
 from batch.collector import ResultCollector
 from batch.fanout import BatchFanout
@@ -24,6 +25,7 @@ from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
 from batch.settings import BatchSettings
 from batch.state_port import BatchStore
+from llmq.probes import ProbeServer
 from schemas.messages import BatchCreatedEvent
 from schemas.render import ChatRenderer
 from topics import catalog
@@ -136,6 +138,9 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         asyncio.create_task(collector.run(), name="batch-collector"),
         asyncio.create_task(sweeper.run(), name="batch-sweeper"),
     ]
+    probes = _probe_server(settings, tasks, redis)
+    if probes is not None:
+        await probes.start()
     log.info("batch_service_started", service_id=client_id)
     try:
         stopped = asyncio.create_task(stop.wait())
@@ -153,11 +158,30 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if probes is not None:
+            await probes.stop()
         await collector.drain()
         await producer.stop()
         await files.stop()
         await redis.aclose()
         log.info("batch_service_stopped", service_id=client_id)
+
+
+def _probe_server(
+    settings: BatchSettings, tasks: list[asyncio.Task[None]], redis: Redis
+) -> ProbeServer | None:
+    """/healthz: its loops are running; /readyz: and Redis (the batch state) answers."""
+    if settings.probe_port is None:
+        return None
+
+    async def healthy() -> bool:
+        return not any(task.done() for task in tasks)
+
+    async def ready() -> bool:
+        async with asyncio.timeout(2):
+            return await healthy() and bool(await redis.ping())
+
+    return ProbeServer(settings.probe_host, settings.probe_port, healthy=healthy, ready=ready)
 
 
 def run_batch_service(settings: BatchSettings) -> None:

@@ -26,6 +26,10 @@ class BatchSettings(BaseSettings):
     deployments: list[Deployment] = Field(default_factory=list)
     """The served models (same setting as the gateway's): batch lines are rendered with their
     tokenizer and fanned into their pool's batch topic."""
+    probe_port: int | None = None
+    """Port for plain-HTTP `/healthz` and `/readyz` (Kubernetes probes); None: not served."""
+    probe_host: str = "127.0.0.1"
+    """Address the probe port listens on (0.0.0.0 in a pod)."""
     service_id: str = Field(default_factory=lambda: f"batch-{uuid.uuid4().hex[:8]}")
     """This process's id in logs and Kafka client ids."""
     batch_max_requests: int = 50_000

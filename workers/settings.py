@@ -50,6 +50,10 @@ class WorkerSettings(BaseSettings):
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0
     """How long a heartbeat lives; a replica silent for longer is treated as gone."""
+    probe_port: int | None = None
+    """Port for plain-HTTP `/healthz` and `/readyz` (Kubernetes probes); None: not served."""
+    probe_host: str = "127.0.0.1"
+    """Address the probe port listens on (0.0.0.0 in a pod)."""
     health_probe_interval_s: float = 5.0
     """How often the worker runs a one-token generation to prove the engine works (0: off)."""
     health_probe_timeout_s: float = 10.0

@@ -7,6 +7,7 @@ import contextlib
 
 import structlog
 
+from llmq.probes import ProbeServer
 from topics.kafka import (
     KafkaDeadLetterSink,
     KafkaJobQueue,
@@ -75,6 +76,9 @@ class Worker:
         )
         self._heartbeat = heartbeat
         background: list[asyncio.Task[None]] = [asyncio.create_task(heartbeat.run())]
+        probes = self._probe_server(heartbeat)
+        if probes is not None:
+            await probes.start()
         consumer = job_consumer(settings.kafka_bootstrap, settings.pool, settings.replica_id)
         loop: PullLoop | None = None
         try:
@@ -147,6 +151,8 @@ class Worker:
                     await task
             with contextlib.suppress(Exception):
                 await consumer.stop()
+            if probes is not None:
+                await probes.stop()
             if heartbeat.healthy:  # an unhealthy one stays visible as such until its TTL ends
                 with contextlib.suppress(Exception):
                     await heartbeat.remove()
@@ -160,6 +166,21 @@ class Worker:
             await redis.aclose()
             await listener_redis.aclose()
             log.info("worker_stopped")
+
+    def _probe_server(self, heartbeat: Heartbeat) -> ProbeServer | None:
+        """/healthz: the engine passes its checks; /readyz: loaded, healthy, not draining."""
+        if self.settings.probe_port is None:
+            return None
+
+        async def healthy() -> bool:
+            return heartbeat.healthy
+
+        async def ready() -> bool:
+            return heartbeat.healthy and heartbeat.state == "ready"
+
+        return ProbeServer(
+            self.settings.probe_host, self.settings.probe_port, healthy=healthy, ready=ready
+        )
 
     async def _serve_while_healthy(
         self, loop: PullLoop, health: EngineHealth, heartbeat: Heartbeat

@@ -84,6 +84,8 @@ class Stack:
     processes: Processes
     s3_endpoint: str
     gateway_env: dict[str, str]
+    probe_ports: dict[str, int] = field(default_factory=dict)
+    """Plain-HTTP /healthz and /readyz ports of the worker and the batch service."""
 
     def wait_ready(self, base_url: str | None = None) -> None:
         url = f"{base_url or self.base_url}/readyz"
@@ -104,6 +106,7 @@ def stack(
     model_path = ensure_model(MODEL)
     asyncio.run(ensure_topics(kafka_bootstrap, [POOL], partitions=4))
     logs = tmp_path_factory.mktemp("stack")
+    probe_ports = {"worker": services.free_port(), "batch": services.free_port()}
     common = {"LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url}
     asyncio.run(ensure_topics(kafka_bootstrap, ["idle"], partitions=2))
     worker_env = {
@@ -117,6 +120,7 @@ def stack(
         "LLMQ_KV_CACHE_GIB": "1",
         "LLMQ_REPLICA_ID": "e2e-worker-0",
         "LLMQ_DTYPE": "float32",
+        "LLMQ_PROBE_PORT": str(probe_ports["worker"]),
     }
     port = services.free_port()
     gateway_env = {
@@ -164,7 +168,10 @@ def stack(
     try:
         worker = processes.start("worker", "worker", worker_env)
         gateway = processes.start("gateway", "gateway", gateway_env)
-        processes.start("batch", "batch", {**gateway_env, "LLMQ_SERVICE_ID": "e2e-batch"})
+        batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "e2e-batch"}
+        processes.start(
+            "batch", "batch", {**batch_env, "LLMQ_PROBE_PORT": str(probe_ports["batch"])}
+        )
         services.wait_ready(
             lambda: services.http_status(f"{base_url}/readyz") == 200,
             timeout=600,
@@ -173,7 +180,7 @@ def stack(
         )
         yield Stack(
             base_url, API_KEY, MODEL, model_path, kafka_bootstrap, redis_url, POOL,
-            MAX_MODEL_LEN, processes, s3_endpoint, gateway_env,
+            MAX_MODEL_LEN, processes, s3_endpoint, gateway_env, probe_ports,
         )  # fmt: skip
     finally:
         processes.stop_all()

@@ -1,0 +1,22 @@
+"""Every process answers /healthz and /readyz: the gateway on its API port, the worker and the
+batch service on their probe ports."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from llmq.services import LOCALHOST
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+def test_every_process_is_healthy_and_ready(stack: Stack) -> None:
+    stack.wait_ready()
+    urls = [stack.base_url] + [f"http://{LOCALHOST}:{port}" for port in stack.probe_ports.values()]
+    for url in urls:
+        for path in ("/healthz", "/readyz"):
+            response = httpx.get(url + path, timeout=10)
+            assert response.status_code == 200, f"{url}{path}: {response.text}"
+    assert httpx.get(f"http://{LOCALHOST}:{stack.probe_ports['worker']}/metrics").status_code == 404
