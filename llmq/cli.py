@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 
+from llmq.bench.commands import bench_app
+
 app = typer.Typer(help="llmq: a queue-centric, OpenAI-compatible LLM inference platform.")
 topics_app = typer.Typer(help="Kafka topics.")
 dev_app = typer.Typer(help="The local stack (broker, Redis, S3, gateway, one worker).")
 model_app = typer.Typer(help="Model folders for the local stack and tests.")
-bench_app = typer.Typer(help="Benchmarks that print numbers.")
 batch_app = typer.Typer(help="Batches through the OpenAI Batch API: submit, watch, cancel.")
 app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
@@ -125,131 +126,6 @@ def model_build(name: str) -> None:
 
     configure_logging(json=False)
     typer.echo(str(ensure_model(name)))
-
-
-@bench_app.command("overhead")
-def bench_overhead(
-    base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (
-        "http://127.0.0.1:8000/v1"
-    ),
-    api_key: Annotated[str, typer.Option(help="llmq API key.")] = "sk-llmq-dev",
-    model: Annotated[str, typer.Option(help="Model name on both targets.")] = (
-        "smollm2-135m-instruct"
-    ),
-    concurrency: Annotated[list[int], typer.Option(help="Concurrency levels.")] = [1, 16],  # noqa: B006
-    requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
-) -> None:
-    """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
-    from llmq.bench.overhead import (
-        OverheadError,
-        OverheadSettings,
-        format_report,
-        run_overhead,
-        write_json,
-    )
-    from llmq.logging import configure_logging
-    from llmq.services import ServiceStartError
-
-    configure_logging(json=False, level="WARNING")
-    settings = OverheadSettings(
-        base_url=base_url,
-        api_key=api_key,
-        model=model,
-        concurrency=concurrency,
-        requests=requests,
-        max_tokens=max_tokens,
-    )
-    try:
-        report = run_overhead(settings)
-    except (OverheadError, ServiceStartError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(format_report(report))
-    if json_path is not None:
-        write_json(report, json_path)
-
-
-@bench_app.command("load")
-def bench_load(
-    scenario: Annotated[
-        str, typer.Option(help="single, batch-flood (with/without) or team-flood (with/without).")
-    ] = "single",
-    settings_json: Annotated[
-        str, typer.Option("--settings", help="LoadSettings fields as JSON, e.g. rates, keys.")
-    ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
-) -> None:
-    """A mixed workload (interactive, batch flood, teams) against a running stack."""
-    from llmq.bench.load import SCENARIOS, format_comparison, run_load
-    from llmq.bench.load_model import LoadSettings, format_report
-    from llmq.logging import configure_logging
-
-    configure_logging(json=False, level="WARNING")
-    settings = LoadSettings.model_validate_json(settings_json)
-    if scenario == "single":
-        report = run_load(settings)
-        typer.echo(format_report(report))
-        result = report.model_dump_json(indent=2)
-    elif scenario in SCENARIOS:
-        comparison = SCENARIOS[scenario](settings)
-        typer.echo(format_comparison(comparison))
-        result = comparison.model_dump_json(indent=2)
-    else:
-        raise typer.BadParameter(f"unknown scenario {scenario!r}", param_hint="--scenario")
-    if json_path is not None:
-        json_path.write_text(result + "\n")
-
-
-@bench_app.command("batch")
-def bench_batch(
-    settings_json: Annotated[
-        str,
-        typer.Option(
-            "--settings", help='BatchFileSettings as JSON: {"lines": 1000, "load": {...}}.'
-        ),
-    ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
-) -> None:
-    """A batch file through the Batch API beside an interactive stream, and without it."""
-    from llmq.bench.batch_file import BatchFileSettings, format_batch_file, run_batch_file
-    from llmq.logging import configure_logging
-
-    configure_logging(json=False, level="WARNING")
-    comparison = run_batch_file(BatchFileSettings.model_validate_json(settings_json))
-    typer.echo(format_batch_file(comparison))
-    if json_path is not None:
-        json_path.write_text(comparison.model_dump_json(indent=2) + "\n")
-
-
-@bench_app.command("chaos")
-def bench_chaos(
-    settings_json: Annotated[
-        str, typer.Option("--settings", help="ChaosSettings fields as JSON (rate, kill_at_s ...).")
-    ] = "{}",
-) -> None:
-    """SIGKILL a worker (and optionally restart Redis) under load; count lost and duplicated."""
-    from llmq.bench.chaos import ChaosSettings, format_chaos, run_chaos
-    from llmq.logging import configure_logging
-
-    configure_logging(json=False, level="WARNING")
-    figures, timeline = asyncio.run(run_chaos(ChaosSettings.model_validate_json(settings_json)))
-    typer.echo(format_chaos(figures, timeline))
-
-
-@bench_app.command("simulate")
-def bench_simulate(
-    settings_json: Annotated[
-        str, typer.Option("--settings", help="SimulationSettings fields as JSON.")
-    ] = "{}",
-) -> None:
-    """A SIMULATED pool of GPU replicas (step times from first principles, no model)."""
-    from llmq.bench.simulate import SimulationSettings, format_simulation, run_simulation
-
-    typer.echo(
-        format_simulation(run_simulation(SimulationSettings.model_validate_json(settings_json)))
-    )
 
 
 @batch_app.command("serve")

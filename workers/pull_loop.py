@@ -20,9 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -45,14 +43,10 @@ log = structlog.get_logger()
 
 PRIORITY = {"interactive": 0, "batch": 10}
 IDLE_WAIT_S = 0.05
+"""How long a turn waits for a slot to free when nothing can be fetched or started."""
 TEAM_ACTIVE_S = 10.0
 """A team stays active (keeps its share of slots) this long after it last held or buffered a
 job here, so a team sending steadily keeps its share between requests."""
-"""How long a turn waits for a slot to free when nothing can be fetched or started."""
-
-
-class CancelListener(Protocol):
-    def listen(self) -> AsyncIterator[str]: ...
 
 
 @dataclass(frozen=True)
@@ -408,10 +402,3 @@ class PullLoop:
                 await self.abandon()
         await self.commit()
         log.info("drain_finished")
-
-
-async def listen_for_cancels(cancels: CancelListener, loop: PullLoop) -> None:
-    """Abort running jobs as their gateways cancel them."""
-    async for request_id in cancels.listen():
-        with contextlib.suppress(Exception):
-            await loop.cancel(request_id)

@@ -364,4 +364,5 @@ class JobRunner:
             seconds=round(time.time() - started, 4),
             queued_s=round(started - job.created_at, 4),
             first_token_s=None if first_token_at is None else round(first_token_at - started, 4),
+            replay_id=job.replay.replay_id if job.replay else None,
         )

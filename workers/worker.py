@@ -25,12 +25,13 @@ from topics.redis_relay import (
     RedisJobLedger,
     RedisReplicaDirectory,
 )
+from workers.cancels import listen_for_cancels
 from workers.engine.port import EngineClient
 from workers.headroom import HeadroomPolicy
 from workers.health import EngineHealth
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
-from workers.pull_loop import PullLoop, listen_for_cancels
+from workers.pull_loop import PullLoop
 from workers.runner import JobRunner
 from workers.settings import WorkerSettings
 
