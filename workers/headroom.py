@@ -53,6 +53,8 @@ class EngineLoad:
     active_weights: Mapping[str, float] = field(default_factory=dict)
     """Weight of every team active here (holding, buffering, or seen in the last moments):
     while more than one is, each may hold only its weighted share of the slots."""
+    team_usage: Mapping[str, float] = field(default_factory=dict)
+    """Slots each team held on average lately (light teams may burst past their share)."""
 
     @classmethod
     def from_stats(
@@ -68,6 +70,7 @@ class EngineLoad:
         teams_in_flight: frozenset[str] = frozenset(),
         team_held: Mapping[str, int] | None = None,
         active_weights: Mapping[str, float] | None = None,
+        team_usage: Mapping[str, float] | None = None,
     ) -> EngineLoad:
         """Build a load from the engine's own statistics plus what the worker tracks."""
         return cls(
@@ -81,6 +84,7 @@ class EngineLoad:
             teams_in_flight=teams_in_flight,
             team_held=team_held or {},
             active_weights=active_weights or {},
+            team_usage=team_usage or {},
         )
 
 
@@ -143,6 +147,10 @@ class HeadroomPolicy:
     running here starts another job only while more slots than this are free, so another
     team's first request never waits for a flooding team's jobs to end. Applies only when
     ``max_num_seqs`` is above twice the reserve."""
+    light_usage_fraction: float = 0.8
+    """A team holding on average (per unit of weight) less than this fraction of what the
+    heaviest other active team holds is light: it may burst past its share while heavier
+    teams leave it room."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_kv_watermark <= self.interactive_kv_limit <= 1.0:
@@ -189,14 +197,44 @@ class HeadroomPolicy:
         return max(1, math.ceil(usable * weights[team] / total - 1e-9))
 
     def slots_for(self, load: EngineLoad, team: str | None) -> int:
-        """Free slots a job of ``team`` may take: all of them for a team holding no job here
-        (or when no team is given); for a team that already holds one, all but the reserve
-        and no more than its share (`team_share`) while other teams are active."""
+        """Free slots a job of ``team`` may take.
+
+        - A team holding no job here (or no team given): all of them, the reserve included,
+          so a team's first request never waits for another team's jobs to end.
+        - Otherwise, while other teams are active: a *light* team (holding on average less
+          than its share, `team_share`) may take all but the reserve, bursting past its share;
+          a *heavy* one may hold no more than its share and leaves the reserve free for each
+          light team besides the newcomers' one. A flooding team therefore cannot fill the
+          slots a steady sender's next request needs.
+        - Alone: all but the reserve.
+        """
         free = self.free_slots(load)
         if team is None or team not in load.teams_in_flight:
             return free
+        reserve = self._reserve(load)
+        if len(load.active_weights) < 2 or team not in load.active_weights:
+            return max(free - reserve, 0)
+        if self._is_light(load, team):
+            return free  # the reserve too: heavier teams already leave room for newcomers
+        light_others = sum(
+            1 for other in load.active_weights if other != team and self._is_light(load, other)
+        )
         share_left = self.team_share(load, team) - load.team_held.get(team, 0)
-        return max(min(free - self._reserve(load), share_left), 0)
+        return max(min(free - reserve * light_others, share_left), 0)
+
+    def _is_light(self, load: EngineLoad, team: str) -> bool:
+        """Holding, per unit of weight, clearly less than the heaviest other active team
+        (``light_usage_fraction`` of it) on average: a steady sender next to a flooding team.
+        Relative, not against the share: a flooding team capped at its share averages just
+        under it, and a steady sender's average rises as the flood slows every step."""
+        weights = load.active_weights
+
+        def per_weight(name: str) -> float:
+            used = load.team_usage.get(name, float(load.team_held.get(name, 0)))
+            return used / max(weights.get(name, 1.0), 1e-9)
+
+        others = [per_weight(other) for other in weights if other != team]
+        return bool(others) and per_weight(team) < self.light_usage_fraction * max(others)
 
     def _reserve(self, load: EngineLoad) -> int:
         return self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -55,6 +56,7 @@ class _Fetched:
     offset: int
     job: InferenceJob
     tokens: int
+    fetched_at: float = field(default_factory=time.time)
 
 
 class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -99,6 +101,7 @@ class PullLoop:
         self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
         self._cancelled_by_client: set[str] = set()
         self._preempted: set[str] = set()
+        self._waited: set[str] = set()
         self._teams = TeamActivity(TEAM_ACTIVE_S)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -187,6 +190,7 @@ class PullLoop:
             active_weights=self._teams.active(
                 held, [item.job.team for item in self._buffer.items()]
             ),
+            team_usage=self._teams.usage(held),
         )
 
     async def _start_what_fits(self) -> None:
@@ -222,6 +226,11 @@ class PullLoop:
                 victim = self._policy.choose_victim(self._load.running_jobs())
                 if victim is not None and await self._preempt(victim.request_id, load):
                     continue
+            if item.job.request_id not in self._waited:  # once per job: why it waits
+                self._waited.add(item.job.request_id)
+                log.debug("job_waiting", request_id=item.job.request_id, team=item.job.team,
+                          free=self._policy.free_slots(load), held=dict(load.team_held),
+                          usage={t: round(u, 2) for t, u in load.team_usage.items()})  # fmt: skip
             return
 
     def _other_team(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
@@ -314,7 +323,8 @@ class PullLoop:
         structlog.contextvars.bind_contextvars(partition=item.tp.partition, offset=item.offset)
         terminal = False
         try:
-            await self._runner.run(job, JobOrigin(item.tp.topic, item.tp.partition, item.offset))
+            origin = JobOrigin(item.tp.topic, item.tp.partition, item.offset, item.fetched_at)
+            await self._runner.run(job, origin)
             terminal = True
         except RunFailed:  # the engine raised before the caller saw a token: run it again
             terminal = await self._requeue_job(job)
@@ -334,6 +344,7 @@ class PullLoop:
         finally:
             self._cancelled_by_client.discard(job.request_id)
             self._preempted.discard(job.request_id)
+            self._waited.discard(job.request_id)
             self._running.pop(job.request_id, None)
             if terminal:
                 self.offsets.finished(item.tp, item.offset)

@@ -57,6 +57,9 @@ class JobOrigin:
     topic: str
     partition: int
     offset: int
+    fetched_at: float = 0.0
+    """When the worker fetched it (wall clock): a job's queue time splits into the time in
+    its partition and the time in this worker's buffer."""
 
 
 class RunFailed(Exception):
@@ -199,7 +202,7 @@ class JobRunner:
         finally:
             self._load.finished(job.request_id)
         try:
-            await self._finished(job, outcome, usage, started, first_token_at)
+            await self._finished(job, outcome, usage, started, first_token_at, origin)
         finally:
             self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
@@ -330,6 +333,7 @@ class JobRunner:
         usage: UsageCounts,
         started: float,
         first_token_at: float | None = None,
+        origin: JobOrigin | None = None,
     ) -> None:
         """A terminal outcome: remember it, and bill exactly the tokens produced (once: a
         second run reaching an outcome, e.g. a worker thought dead, bills nothing)."""
@@ -365,4 +369,7 @@ class JobRunner:
             queued_s=round(started - job.created_at, 4),
             first_token_s=None if first_token_at is None else round(first_token_at - started, 4),
             replay_id=job.replay.replay_id if job.replay else None,
+            buffered_s=round(started - origin.fetched_at, 4)
+            if origin and origin.fetched_at
+            else None,
         )

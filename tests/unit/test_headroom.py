@@ -280,7 +280,12 @@ def test_preemption_for_a_newcomer_team_uses_the_reserved_slot_first() -> None:
     assert POLICY.preemption_needed(current, "interactive", 100, "b")
 
 
-def shared_load(held: dict[str, int], weights: dict[str, float], free: int) -> EngineLoad:
+def shared_load(
+    held: dict[str, int],
+    weights: dict[str, float],
+    free: int,
+    usage: dict[str, float] | None = None,
+) -> EngineLoad:
     return EngineLoad(
         in_flight=8 - free,
         max_num_seqs=8,
@@ -288,6 +293,7 @@ def shared_load(held: dict[str, int], weights: dict[str, float], free: int) -> E
         teams_in_flight=frozenset(held),
         team_held=held,
         active_weights=weights,
+        team_usage=usage or {},
     )
 
 
@@ -296,9 +302,10 @@ def shared_load(held: dict[str, int], weights: dict[str, float], free: int) -> E
     [
         ({"b": 6}, {"b": 1.0}, 2, "b", 1),  # alone: all but the reserve
         ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "b", 0),  # b holds its share (7/2 -> 4)
-        ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "a", 2),  # a may take more, up to the reserve
-        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "b", 4),  # weight 3 of 4: share 6
-        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "a", 1),  # weight 1 of 4: share 2
+        ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "a", 3),  # a (light) may take them all
+        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "b", 5),  # weight 3 of 4: share 6, light
+        ({"b": 5, "a": 1}, {"a": 1.0, "b": 3.0}, 2, "b", 1),  # heavy: leaves light a a slot
+        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "a", 1),  # per weight a holds more: share 2
         ({"b": 7}, {"a": 1.0, "b": 1.0}, 1, "a", 1),  # a holds none: the reserved slot
     ],
 )
@@ -306,3 +313,26 @@ def test_teams_share_the_slots_by_weight_while_several_are_active(
     held: dict[str, int], weights: dict[str, float], free: int, team: str, slots: int
 ) -> None:
     assert POLICY.slots_for(shared_load(held, weights, free), team) == slots
+
+
+@pytest.mark.parametrize(
+    ("held", "usage", "free", "team", "slots"),
+    [
+        # a steady sender (2.5 slots on average, share 4) bursts to 4: it may take more
+        ({"a": 4, "b": 3}, {"a": 2.5, "b": 4.5}, 1, "a", 1),  # the newcomers' slot too
+        ({"a": 4, "b": 2}, {"a": 2.5, "b": 4.5}, 2, "a", 2),
+        # the flooding team holds under its share now, but not on average: it leaves a slot
+        # for the steady sender's next request
+        ({"a": 2, "b": 3}, {"a": 2.5, "b": 4.5}, 3, "b", 1),
+        ({"a": 2, "b": 4}, {"a": 2.5, "b": 4.5}, 2, "b", 0),
+        ({"a": 3, "b": 3}, {"a": 2.5, "b": 4.5}, 2, "b", 1),
+        ({"a": 3, "b": 3}, {"a": 2.5, "b": 4.5}, 1, "b", 0),
+        # two flooding teams: each its share, the newcomers' slot kept
+        ({"a": 3, "b": 3}, {"a": 4.5, "b": 4.5}, 2, "b", 1),
+    ],
+)
+def test_a_light_team_may_burst_and_a_heavy_one_leaves_it_room(
+    held: dict[str, int], usage: dict[str, float], free: int, team: str, slots: int
+) -> None:
+    load = shared_load(held, {"a": 1.0, "b": 1.0}, free, usage)
+    assert POLICY.slots_for(load, team) == slots
