@@ -221,16 +221,17 @@ class JobRunner:
             )
             await self._finished(job, "cancelled", UsageCounts(), time.time())
             return JobOutcome("cancelled", UsageCounts())
+        delivered = earlier.delivered  # what an earlier run streamed: billed whatever ends it
         if time.time() > job.deadline:
             await self._publish_error(
                 job,
                 "batch_expired" if job.batch is not None else "deadline_exceeded",
                 "The request expired in the queue before a worker could start it.",
+                delivered,
             )
             bound.info("job_expired", late_s=round(time.time() - job.deadline, 3))
-            await self._finished(job, "deadline_exceeded", UsageCounts(), time.time())
-            return JobOutcome("deadline_exceeded", UsageCounts())
-        delivered = earlier.delivered
+            await self._finished(job, "deadline_exceeded", delivered, time.time())
+            return JobOutcome("deadline_exceeded", delivered)
         if earlier.failed >= self._max_failed_runs:
             if origin is not None:  # without one (a test calling run() directly), just fail
                 await self._dead_letters.publish(
