@@ -130,6 +130,7 @@ class KafkaTopicStream:
         max_poll_interval_ms: int = 300_000,
     ) -> None:
         self._group_id = group_id
+        self._stopped = False
         self._consumer = AIOKafkaConsumer(
             topic,
             bootstrap_servers=bootstrap,
@@ -149,6 +150,7 @@ class KafkaTopicStream:
     async def stop(self, timeout_s: float = 15.0) -> None:
         """Leave the group and close; `records()` then ends. Bounded: a broker that does not
         answer must not hold a shutdown (the group then drops this member on its own)."""
+        self._stopped = True
         try:
             await asyncio.wait_for(self._consumer.stop(), timeout_s)
         except TimeoutError:
@@ -163,8 +165,17 @@ class KafkaTopicStream:
         except ConsumerStoppedError:
             return
 
-    async def commit(self) -> None:
-        await self._consumer.commit()
+    async def commit(self, timeout_s: float = 10.0) -> None:
+        """Commit what was yielded so far. A stopped stream commits nothing, and a commit is
+        bounded: aiokafka retries a commit whose group coordinator is gone for as long as it
+        is awaited, so one in flight when the consumer stops would never return. An offset
+        not committed is read again by the partition's next owner (consumers are idempotent)."""
+        if self._stopped:
+            return
+        try:
+            await asyncio.wait_for(self._consumer.commit(), timeout_s)
+        except TimeoutError:
+            log.warning("commit_timed_out", group=self._group_id)
 
 
 class KafkaUsageStream(KafkaTopicStream):
