@@ -50,6 +50,11 @@ def reply_channel(gateway_id: str) -> str:
     return f"llmq:reply:{gateway_id}"
 
 
+def is_reply_channel(name: str) -> bool:
+    """Whether `name` is a gateway's reply channel (not, e.g., the results topic)."""
+    return name.startswith("llmq:reply:")
+
+
 def cancel_key(request_id: str) -> str:
     """Redis key (with a TTL) marking a request as cancelled, for jobs not yet fetched."""
     return f"llmq:cancel:{request_id}"

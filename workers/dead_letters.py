@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from schemas.messages import SCHEMA_VERSION, DeadLetter, InferenceJob
+from topics.catalog import is_reply_channel
 
 
 def dead_letter_for(
@@ -48,6 +49,23 @@ def dead_letter_for(
         payload_b64=base64.b64encode(raw).decode(),
         failed_at=time.time(),
     )
+
+
+def reply_address(value: bytes | None) -> tuple[str, str] | None:
+    """(request_id, reply channel) of a record that is not a job but still names its caller's
+    gateway (a newer schema version, a field this worker does not know): that caller can be
+    told at once instead of waiting for its deadline. None for anything else (batch lines
+    reply on the results topic; their batch's expiry accounts for them)."""
+    try:
+        item = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(item, dict):
+        return None
+    rid, channel = item.get("request_id"), item.get("reply_to")
+    if isinstance(rid, str) and isinstance(channel, str) and is_reply_channel(channel):
+        return rid, channel
+    return None
 
 
 def _first_location(error: ValidationError) -> str:

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from schemas.messages import InferenceJob
 from topics import catalog
 from topics.ports import DeadLetterSink, JobQueue
-from workers.dead_letters import dead_letter_for
+from workers.dead_letters import dead_letter_for, reply_address
 from workers.engine.port import EngineClient
 from workers.fair_queue import FairQueue
 from workers.fetch_plan import plan_fetch
@@ -294,6 +294,10 @@ class PullLoop:
                 return
             log.warning("job_dead_lettered", partition=tp.partition, offset=offset,
                         reason=letter.reason, request_id=letter.request_id)  # fmt: skip
+            address = reply_address(value)
+            if address is not None:
+                with contextlib.suppress(Exception):  # best effort: its deadline still ends it
+                    await self._runner.tell_unreadable(*address)
             self.offsets.finished(tp, offset)
             return
         tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)

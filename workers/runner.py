@@ -319,6 +319,19 @@ class JobRunner:
             ErrorEvent(request_id=job.request_id, code=code, message=message, usage=usage),
         )
 
+    async def tell_unreadable(self, request_id: str, reply_to: str) -> None:
+        """End the request of a record that went to the dead-letter topic: its caller learns
+        now, not at its deadline. Nothing ran, so nothing is billed."""
+        await self._publisher.publish(
+            reply_to,
+            ErrorEvent(
+                request_id=request_id,
+                code="job_unreadable",
+                message="The worker could not read this request (it was set aside for "
+                "replay); retry it.",
+            ),
+        )
+
     def cancelled_by_client(self, request_id: str) -> bool:
         """Mark a running job's coming cancellation as its end (not a shutdown); False when
         the job already produced its last token (let it record its outcome undisturbed)."""

@@ -107,6 +107,7 @@ async def test_records_that_are_not_jobs_go_to_the_dead_letter_topic_and_the_par
     # Same partition for all three: the good job comes after the two bad records.
     await producer.send(topic, b"\xff not json", partition=0)
     await producer.send(topic, json.dumps(future).encode(), partition=0)
+    relay.open("from-the-future")
     relay.open("after-poison")
     await KafkaJobQueue(producer).submit(make_job(pool, relay, "after-poison"), partition=0)
     worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
@@ -132,3 +133,7 @@ async def test_records_that_are_not_jobs_go_to_the_dead_letter_topic_and_the_par
     assert base64.b64decode(by_offset[0].payload_b64) == b"\xff not json"
     assert by_offset[1].request_id == "from-the-future"
     assert "from-the-future" not in engine.calls
+    # Its caller is told at once (the record still names its gateway), not at its deadline.
+    told = await collect(relay, "from-the-future")
+    assert len(told) == 1 and isinstance(told[0], ErrorEvent)
+    assert told[0].code == "job_unreadable"

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.messages import InferenceJob
-from workers.dead_letters import dead_letter_for
+from workers.dead_letters import dead_letter_for, reply_address
 
 
 def letter_for(raw: bytes):  # type: ignore[no-untyped-def]
@@ -41,3 +41,21 @@ def test_detail_names_the_problem_not_the_content() -> None:
     secret = b'{"request_id": "r3", "prompt": "my card number is 4111"}'
     letter = letter_for(secret)
     assert "4111" not in letter.detail and "validation error" in letter.detail
+
+
+@pytest.mark.parametrize(
+    ("value", "address"),
+    [
+        (b'{"request_id": "r1", "reply_to": "llmq:reply:gw1", "schema_version": 2}',
+         ("r1", "llmq:reply:gw1")),
+        (b'{"request_id": "r1", "reply_to": "llmq.results"}', None),  # a batch line
+        (b'{"request_id": 7, "reply_to": "llmq:reply:gw1"}', None),
+        (b'["llmq:reply:gw1"]', None),
+        (b"\xff not json", None),
+        (None, None),
+    ],
+)  # fmt: skip
+def test_reply_address_names_a_waiting_gateway_only(
+    value: bytes | None, address: tuple[str, str] | None
+) -> None:
+    assert reply_address(value) == address
