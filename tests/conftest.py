@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmq import services
+from llmq import services, starters
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address ("127.0.0.1:PORT") of a Tansu broker with in-memory storage."""
     port = services.free_port()
     log_dir = tmp_path_factory.mktemp("tansu")
-    proc = services.start_tansu(port, log_dir / "tansu.log")
+    proc = starters.start_tansu(port, log_dir / "tansu.log")
     try:
         yield f"{services.LOCALHOST}:{port}"
     finally:
@@ -30,7 +30,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL ("redis://127.0.0.1:PORT/0") of a Valkey server without persistence."""
     port = services.free_port()
     log_dir = tmp_path_factory.mktemp("valkey")
-    proc = services.start_valkey(port, log_dir / "valkey.log", data_dir=log_dir)
+    proc = starters.start_valkey(port, log_dir / "valkey.log", data_dir=log_dir)
     try:
         yield f"redis://{services.LOCALHOST}:{port}/0"
     finally:
@@ -42,7 +42,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Endpoint URL ("http://127.0.0.1:PORT") of an in-memory moto S3 server."""
     port = services.free_port()
     log_dir = tmp_path_factory.mktemp("moto")
-    proc = services.start_moto(port, log_dir / "moto.log")
+    proc = starters.start_moto(port, log_dir / "moto.log")
     try:
         yield f"http://{services.LOCALHOST}:{port}"
     finally:

@@ -194,6 +194,10 @@ class QueueBacklog(Protocol):
 
     async def queued(self, pool: str, tier: PriorityClass) -> int: ...
 
+    async def team_queued(self, pool: str, tier: PriorityClass) -> dict[str, int]:
+        """Queued tokens per team (teams with nothing queued are absent)."""
+        ...
+
 
 BucketOutcome = Literal["ok", "insufficient_tokens", "exceeds_capacity", "unchecked"]
 """``exceeds_capacity``: larger than one minute's quota, never satisfiable; ``unchecked``: the

@@ -9,14 +9,52 @@ in between re-delivers the record rather than losing it. Details never carry con
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
-from typing import Literal
+from typing import Literal, Protocol
 
+import structlog
 from pydantic import ValidationError
 
 from schemas.messages import SCHEMA_VERSION, DeadLetter, InferenceJob
 from topics.catalog import is_reply_channel
+from topics.ports import DeadLetterSink
+
+log = structlog.get_logger()
+
+
+class UnreadableTeller(Protocol):
+    """Ends the request of a record set aside (the job runner)."""
+
+    async def tell_unreadable(self, request_id: str, reply_to: str) -> None: ...
+
+
+async def set_aside(
+    topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    error: ValidationError,
+    sink: DeadLetterSink,
+    teller: UnreadableTeller,
+) -> bool:
+    """Publish the dead letter of a record that is not a job, then tell its caller if the
+    record still names one (best effort: its deadline ends it otherwise). False when the dead
+    letter could not be published: keep the offset, a restart re-delivers the record."""
+    letter = dead_letter_for(topic, partition, offset, value, error)
+    try:
+        await sink.publish(letter)
+    except Exception as send_error:
+        log.warning("dead_letter_failed", offset=offset, error=type(send_error).__name__)
+        return False
+    log.warning("job_dead_lettered", partition=partition, offset=offset,
+                reason=letter.reason, request_id=letter.request_id)  # fmt: skip
+    address = reply_address(value)
+    if address is not None:
+        with contextlib.suppress(Exception):
+            await teller.tell_unreadable(*address)
+    return True
 
 
 def dead_letter_for(

@@ -2,9 +2,11 @@
 
 Interactive work is fetched up to what can start now plus a small look-ahead (so that, when a
 slot frees, the fair queue chooses between teams instead of taking whichever partition the
-broker returns first). In look-ahead, a partition that already has a job buffered pauses and
-the others stay open: a buffer full of one team's jobs waiting for that team's share never
-hides another team's new job, and the buffer holds at most one job per open partition.
+broker returns first). Once nothing more can start, a partition that already has a job
+buffered pauses and every other one stays open (past the look-ahead, one record per fetch): a
+buffer full of one team's jobs waiting for that team's share never hides another team's new
+job behind them (a job can only be chosen once fetched), and the buffer holds at most one job
+per partition beyond the look-ahead.
 Batch work is fetched only as far as its budget allows.
 """
 
@@ -45,19 +47,16 @@ def plan_fetch(
     }
     pause: set[P] = set()
     resume: set[P] = set()
-    looking_ahead = False
+    most = 0
     for cls, assigned in partitions.items():
-        look_ahead_only = min(can_start, want[cls]) <= 0 and (
-            want[cls] > 0 or budget.interactive > 0
-        )
-        if cls == "interactive" and look_ahead_only:
+        if cls == "interactive" and can_start <= 0:  # look-ahead: one job per partition
             opened = {tp for tp in assigned if tp not in waiting_in}
             pause.update(tp for tp in assigned if tp in waiting_in)
             resume.update(opened)
-            looking_ahead = looking_ahead or bool(opened)
+            most = max(most, max(want[cls], 1) if opened else 0)
         elif want.get(cls, 0) <= 0:
             pause.update(assigned)
         else:
             resume.update(assigned)
-    most = max(*want.values(), 1 if looking_ahead else 0)
-    return FetchPlan(frozenset(pause), frozenset(resume), max(most, 0))
+            most = max(most, want[cls])
+    return FetchPlan(frozenset(pause), frozenset(resume), most)

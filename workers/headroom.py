@@ -54,7 +54,12 @@ class EngineLoad:
     """Weight of every team active here (holding, buffering, or seen in the last moments):
     while more than one is, each may hold only its weighted share of the slots."""
     team_usage: Mapping[str, float] = field(default_factory=dict)
-    """Slots each team held on average lately (light teams may burst past their share)."""
+    """Slots each team held on average lately (see `HeadroomPolicy.light_teams`)."""
+    team_buffered: Mapping[str, int] = field(default_factory=dict)
+    """Jobs of each team fetched here and not started yet."""
+    team_waiting: Mapping[str, float] = field(default_factory=dict)
+    """Share of time (0..1) each team had work waiting to start, lately: a flooding team's
+    is near 1, a steady sender's near 0."""
 
     @classmethod
     def from_stats(
@@ -71,6 +76,8 @@ class EngineLoad:
         team_held: Mapping[str, int] | None = None,
         active_weights: Mapping[str, float] | None = None,
         team_usage: Mapping[str, float] | None = None,
+        team_buffered: Mapping[str, int] | None = None,
+        team_waiting: Mapping[str, float] | None = None,
     ) -> EngineLoad:
         """Build a load from the engine's own statistics plus what the worker tracks."""
         return cls(
@@ -85,6 +92,8 @@ class EngineLoad:
             team_held=team_held or {},
             active_weights=active_weights or {},
             team_usage=team_usage or {},
+            team_buffered=team_buffered or {},
+            team_waiting=team_waiting or {},
         )
 
 
@@ -147,10 +156,15 @@ class HeadroomPolicy:
     running here starts another job only while more slots than this are free, so another
     team's first request never waits for a flooding team's jobs to end. Applies only when
     ``max_num_seqs`` is above twice the reserve."""
-    light_usage_fraction: float = 0.8
-    """A team holding on average (per unit of weight) less than this fraction of what the
-    heaviest other active team holds is light: it may burst past its share while heavier
-    teams leave it room."""
+    light_share_fraction: float = 1.0
+    """A light team holds on average fewer slots than this fraction of its weighted share
+    (see `light_teams`); it may burst past its share while heavy teams leave it room
+    (`burst_room`)."""
+    light_waiting_share: float = 0.5
+    """... and had work waiting less than this share of the time."""
+    light_burst_sigmas: float = 2.0
+    """How far above its average demand a light team's room reaches, in standard deviations
+    of a Poisson count (about 2: its bursts find a slot some 97% of the time)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_kv_watermark <= self.interactive_kv_limit <= 1.0:
@@ -201,11 +215,10 @@ class HeadroomPolicy:
 
         - A team holding no job here (or no team given): all of them, the reserve included,
           so a team's first request never waits for another team's jobs to end.
-        - Otherwise, while other teams are active: a *light* team (holding on average less
-          than its share, `team_share`) may take all but the reserve, bursting past its share;
-          a *heavy* one may hold no more than its share and leaves the reserve free for each
-          light team besides the newcomers' one. A flooding team therefore cannot fill the
-          slots a steady sender's next request needs.
+        - Otherwise, while other teams are active: a *light* team (`light_teams`) may take
+          every free slot, bursting past its share; a *heavy* one may hold no more than
+          `heavy_cap` and leaves the reserve free. A flooding team therefore cannot fill the
+          slots a steady sender's next requests need.
         - Alone: all but the reserve.
         """
         free = self.free_slots(load)
@@ -214,27 +227,53 @@ class HeadroomPolicy:
         reserve = self._reserve(load)
         if len(load.active_weights) < 2 or team not in load.active_weights:
             return max(free - reserve, 0)
-        if self._is_light(load, team):
+        light = self.light_teams(load)
+        if team in light:
             return free  # the reserve too: heavier teams already leave room for newcomers
-        light_others = sum(
-            1 for other in load.active_weights if other != team and self._is_light(load, other)
-        )
-        share_left = self.team_share(load, team) - load.team_held.get(team, 0)
-        return max(min(free - reserve * light_others, share_left), 0)
+        held = load.team_held.get(team, 0)
+        return max(min(free - reserve, self.heavy_cap(load, team, light) - held), 0)
 
-    def _is_light(self, load: EngineLoad, team: str) -> bool:
-        """Holding, per unit of weight, clearly less than the heaviest other active team
-        (``light_usage_fraction`` of it) on average: a steady sender next to a flooding team.
-        Relative, not against the share: a flooding team capped at its share averages just
-        under it, and a steady sender's average rises as the flood slows every step."""
+    def light_teams(self, load: EngineLoad) -> frozenset[str]:
+        """Active teams that are steady senders: on average they held fewer slots than their
+        weighted share (times ``light_share_fraction``) and rarely had work waiting (less
+        than ``light_waiting_share`` of the time). A flooding team always has a queue,
+        however few slots it is left; a steady sender's bursts are short."""
         weights = load.active_weights
+        total = sum(weights.values())
+        if total <= 0:
+            return frozenset()
 
-        def per_weight(name: str) -> float:
-            used = load.team_usage.get(name, float(load.team_held.get(name, 0)))
-            return used / max(weights.get(name, 1.0), 1e-9)
+        def held(name: str) -> float:
+            return load.team_usage.get(name, float(load.team_held.get(name, 0)))
 
-        others = [per_weight(other) for other in weights if other != team]
-        return bool(others) and per_weight(team) < self.light_usage_fraction * max(others)
+        return frozenset(
+            name
+            for name, weight in weights.items()
+            if held(name) < self.light_share_fraction * load.max_num_seqs * weight / total
+            and load.team_waiting.get(name, 0.0) < self.light_waiting_share
+        )
+
+    def burst_room(self, load: EngineLoad, team: str) -> int:
+        """Slots kept for a light team's bursts: its average usage plus
+        ``light_burst_sigmas`` standard deviations of a Poisson count with that mean, so its
+        requests rarely find no slot although a heavy team floods."""
+        mean = load.team_usage.get(team, float(load.team_held.get(team, 0)))
+        return max(1, math.ceil(mean + self.light_burst_sigmas * math.sqrt(mean) - 1e-9))
+
+    def heavy_cap(self, load: EngineLoad, team: str, light: frozenset[str]) -> int:
+        """The most slots a heavy team may hold: its weighted share (among heavy teams) of
+        the slots left after the reserve and the light teams' `burst_room`, but never less
+        than half its share of all slots (`team_share`), or one slot while a light team has
+        a job waiting here: light teams' room is lent by heavy teams, down to their last slot
+        only for a burst in progress."""
+        weights = load.active_weights
+        heavy_weight = sum(w for name, w in weights.items() if name not in light)
+        kept = sum(self.burst_room(load, name) for name in light)
+        usable = load.max_num_seqs - self._reserve(load) - kept
+        cap = math.ceil(usable * weights[team] / max(heavy_weight, 1e-9) - 1e-9)
+        if any(load.team_buffered.get(name, 0) > 0 for name in light):
+            return max(1, cap)
+        return max(1, cap, math.ceil(self.team_share(load, team) / 2 - 1e-9))
 
     def _reserve(self, load: EngineLoad) -> int:
         return self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0

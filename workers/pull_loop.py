@@ -24,13 +24,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
 from schemas.messages import InferenceJob
 from topics import catalog
 from topics.ports import DeadLetterSink, JobQueue
-from workers.dead_letters import dead_letter_for, reply_address
+from workers.commits import CommitOnRevoke, commit_done
+from workers.dead_letters import set_aside
 from workers.engine.port import EngineClient
 from workers.fair_queue import FairQueue
 from workers.fetch_plan import plan_fetch
@@ -59,19 +60,6 @@ class _Fetched:
     fetched_at: float = field(default_factory=time.time)
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, loop: PullLoop) -> None:
-        self._loop = loop
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self._loop.commit()
-        self._loop.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        names = [f"{tp.topic}:{tp.partition}" for tp in assigned]
-        log.info("partitions_assigned", partitions=names)
-
-
 class PullLoop:
     def __init__(
         self,
@@ -85,6 +73,7 @@ class PullLoop:
         load: LoadTracker,
         policy: HeadroomPolicy | None = None,
         fair_lookahead: int = 4,
+        teams: TeamActivity | None = None,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
@@ -102,7 +91,7 @@ class PullLoop:
         self._cancelled_by_client: set[str] = set()
         self._preempted: set[str] = set()
         self._waited: set[str] = set()
-        self._teams = TeamActivity(TEAM_ACTIVE_S)
+        self._teams = teams or TeamActivity(TEAM_ACTIVE_S)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
@@ -152,7 +141,7 @@ class PullLoop:
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self, drain_grace_s: float) -> None:
-        self._consumer.subscribe(list(self._topics.values()), listener=_CommitOnRevoke(self))
+        self._consumer.subscribe(list(self._topics.values()), listener=CommitOnRevoke(self))
         while not self._stopping.is_set():
             await self._start_what_fits()
             fetched = await self._fetch()
@@ -171,6 +160,10 @@ class PullLoop:
             for _, f in self._running.values()
             if f.job.request_id in self._load.not_started()
         )
+        waiting = [item.job.team for item in self._buffer.items()]
+        if self._next is not None:
+            waiting.append(self._next.job.team)
+        teams = self._teams.behaviour(held, waiting)
         return EngineLoad.from_stats(
             self._engine.stats(),
             in_flight=len(self._running),
@@ -187,10 +180,10 @@ class PullLoop:
             batch_in_flight=sum(1 for _, f in self._running.values() if f.job.tier == "batch"),
             teams_in_flight=frozenset(held),
             team_held=held,
-            active_weights=self._teams.active(
-                held, [item.job.team for item in self._buffer.items()]
-            ),
-            team_usage=self._teams.usage(held),
+            active_weights=teams.weights,
+            team_usage=teams.usage,
+            team_buffered=Counter(waiting),
+            team_waiting=teams.waiting,
         )
 
     async def _start_what_fits(self) -> None:
@@ -228,10 +221,14 @@ class PullLoop:
                     continue
             if item.job.request_id not in self._waited:  # once per job: why it waits
                 self._waited.add(item.job.request_id)
-                log.debug("job_waiting", request_id=item.job.request_id, team=item.job.team,
-                          free=self._policy.free_slots(load), held=dict(load.team_held),
-                          usage={t: round(u, 2) for t, u in load.team_usage.items()})  # fmt: skip
+                self._log_waiting(item, load)
             return
+
+    def _log_waiting(self, item: _Fetched, load: EngineLoad) -> None:
+        log.debug("job_waiting", request_id=item.job.request_id, team=item.job.team,
+                  free=self._policy.free_slots(load), held=dict(load.team_held),
+                  usage={t: round(u, 2) for t, u in load.team_usage.items()},
+                  waiting={t: round(w, 2) for t, w in load.team_waiting.items()})  # fmt: skip
 
     def _other_team(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
         """A buffered job of the held job's class from a team that may still start one, when
@@ -286,19 +283,10 @@ class PullLoop:
         try:
             job = InferenceJob.model_validate_json(value or b"")
         except ValidationError as exc:
-            letter = dead_letter_for(tp.topic, tp.partition, offset, value, exc)
-            try:
-                await self._dead_letters.publish(letter)
-            except Exception as send_error:  # keep the offset: a restart re-delivers it
-                log.warning("dead_letter_failed", offset=offset, error=type(send_error).__name__)
-                return
-            log.warning("job_dead_lettered", partition=tp.partition, offset=offset,
-                        reason=letter.reason, request_id=letter.request_id)  # fmt: skip
-            address = reply_address(value)
-            if address is not None:
-                with contextlib.suppress(Exception):  # best effort: its deadline still ends it
-                    await self._runner.tell_unreadable(*address)
-            self.offsets.finished(tp, offset)
+            if await set_aside(
+                tp.topic, tp.partition, offset, value, exc, self._dead_letters, self._runner
+            ):
+                self.offsets.finished(tp, offset)
             return
         tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)
         self._enqueue(_Fetched(tp, offset, job, tokens))
@@ -306,6 +294,7 @@ class PullLoop:
     def _enqueue(self, item: _Fetched) -> None:
         job = item.job
         self._teams.weigh(job.team, job.team_weight)
+        self._teams.note_prompt(job.team, len(job.prompt_token_ids))
         self._buffer.push(
             item,
             team=job.team,
@@ -384,19 +373,7 @@ class PullLoop:
         return True
 
     async def commit(self) -> None:
-        offsets = self.offsets.to_commit()
-        if not offsets:
-            return
-        assignment = self._consumer.assignment()
-        owned = {tp: off for tp, off in offsets.items() if tp in assignment}
-        if not owned:
-            return
-        try:
-            await self._consumer.commit(owned)
-        except Exception as exc:  # a rebalance in progress: the next turn commits again
-            log.warning("commit_failed", error=type(exc).__name__)
-            return
-        self.offsets.committed(owned)
+        await commit_done(self._consumer, self.offsets)
 
     async def abandon(self) -> None:
         """Stop every running job without committing it (crash semantics: re-delivered)."""

@@ -1,15 +1,44 @@
-"""Which teams are active on a worker, and their weights: the teams that share its slots.
+"""Which teams are active on a worker, their weights, and how each has behaved lately.
 
 A team is active while it holds or buffers a job here and for a short while after, so a team
 that sends steadily keeps its share of the slots between its requests instead of losing them
 to a flooding team each time its last job ends.
+
+Two moving averages tell a steady sender from a flooding team (see
+`HeadroomPolicy.light_teams`):
+- the slots it held;
+- the share of time it had work waiting to start: jobs buffered here, or the pool's queue for
+  it (admitted, not yet started anywhere; `watch_team_queues` reads it from the admission
+  backlog). A flooding team always has a queue, though admission and its share of the slots
+  keep it short; a steady sender has one only in its rare bursts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from topics.ports import QueueBacklog
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class TeamBehaviour:
+    """What the headroom policy needs to know of the active teams."""
+
+    weights: dict[str, float]
+    """Weight of every active team."""
+    usage: dict[str, float]
+    """Slots each team held on average lately."""
+    waiting: dict[str, float]
+    """Share of time (0..1) each team had work waiting to start, lately."""
 
 
 class TeamActivity:
@@ -17,7 +46,7 @@ class TeamActivity:
         self,
         linger_s: float,
         clock: Callable[[], float] = time.monotonic,
-        usage_window_s: float = 10.0,
+        usage_window_s: float = 30.0,
     ) -> None:
         self._linger_s = linger_s
         self._clock = clock
@@ -25,25 +54,70 @@ class TeamActivity:
         self._weight: dict[str, float] = {}
         self._window_s = usage_window_s
         self._usage: dict[str, float] = {}
-        self._usage_at: float | None = None
+        self._waiting: dict[str, float] = {}
+        self._observed_at: float | None = None
+        self._since: dict[str, float] = {}
+        self._queued_tokens: dict[str, int] = {}
+        self._prompt_tokens: dict[str, int] = {}
 
-    def usage(self, held: Mapping[str, int]) -> dict[str, float]:
-        """Slots each team held on average lately (an exponential moving average over
-        ``usage_window_s``), updated with what they hold now. A team using less than its share
-        on average is a light sender: it may burst past its share (see `HeadroomPolicy`)."""
+    def note_prompt(self, team: str, prompt_tokens: int) -> None:
+        """Remember the size of a team's latest prompt (to count its queue in jobs)."""
+        self._prompt_tokens[team] = max(prompt_tokens, 1)
+
+    def note_queued(self, queued_tokens: Mapping[str, int]) -> None:
+        """The pool's queued prompt tokens per team (admitted, not started on any worker)."""
+        self._queued_tokens = dict(queued_tokens)
+
+    def waiting_jobs(self, buffered: Iterable[str]) -> dict[str, float]:
+        """Jobs waiting to start for each team: the larger of those ``buffered`` here and the
+        pool's queue for it, counted in prompts of its latest size. Teams this worker has not
+        seen a job of are left out."""
+        here = Counter(buffered)
+        waiting: dict[str, float] = {}
+        for team in {*here, *self._queued_tokens}:
+            size = self._prompt_tokens.get(team)
+            if size is not None:
+                waiting[team] = max(float(here[team]), self._queued_tokens.get(team, 0) / size)
+        return waiting
+
+    def observe(
+        self, held: Mapping[str, int], waiting: Mapping[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Update and return each team's average slots held and share of time with a job
+        waiting (moving averages over ``usage_window_s``).
+
+        A young average proves nothing: for its first third of the window a team reports as
+        always waiting, so a flood's first jobs do not pass for a light sender's."""
         now = self._clock()
         decay = (
-            1.0 if self._usage_at is None else math.exp(-(now - self._usage_at) / self._window_s)
+            1.0
+            if self._observed_at is None
+            else math.exp(-(now - self._observed_at) / self._window_s)
         )
-        self._usage_at = now
-        for team in {*self._usage, *held}:
-            current = self._usage.get(team, float(held.get(team, 0)))
-            updated = held.get(team, 0) + (current - held.get(team, 0)) * decay
-            if updated < 0.01 and team not in held:
-                self._usage.pop(team, None)
-            else:
-                self._usage[team] = updated
-        return dict(self._usage)
+        self._observed_at = now
+        usage: dict[str, float] = {}
+        waits: dict[str, float] = {}
+        for team in {*self._usage, *held, *waiting}:
+            holds = float(held.get(team, 0))
+            waits_now = 1.0 if waiting.get(team, 0.0) >= 0.5 else 0.0
+            used = holds + (self._usage.get(team, holds) - holds) * decay
+            waited = waits_now + (self._waiting.get(team, waits_now) - waits_now) * decay
+            if used < 0.01 and waited < 0.01 and team not in held:
+                for averages in (self._usage, self._waiting, self._since):
+                    averages.pop(team, None)
+                continue
+            self._usage[team], self._waiting[team] = used, waited
+            young = now - self._since.setdefault(team, now) < self._window_s / 3
+            usage[team], waits[team] = used, 1.0 if young else waited
+        return usage, waits
+
+    def behaviour(self, held: Mapping[str, int], buffered: Iterable[str]) -> TeamBehaviour:
+        """Observe the teams (held here, ``buffered`` here, queued in the pool) and report
+        what the headroom policy weighs: active weights, usage, waiting."""
+        buffered = list(buffered)
+        weights = self.active(held, buffered)
+        usage, waiting = self.observe(held, self.waiting_jobs(buffered))
+        return TeamBehaviour(weights, usage, waiting)
 
     def weigh(self, team: str, weight: float) -> None:
         """Remember a team's weight (from its latest job)."""
@@ -59,3 +133,18 @@ class TeamActivity:
                 del self._seen[team]
                 self._weight.pop(team, None)
         return {team: self._weight.get(team, 1.0) for team in self._seen}
+
+
+async def watch_team_queues(
+    backlog: QueueBacklog, pool: str, teams: TeamActivity, interval_s: float = 0.5
+) -> None:
+    """Keep ``teams`` told of the pool's interactive queue per team, every ``interval_s``
+    (polling: the counters change with every admission). Failures forget the queue, so
+    demand falls back to what is buffered here; the watch goes on until cancelled."""
+    while True:
+        try:
+            teams.note_queued(await backlog.team_queued(pool, "interactive"))
+        except Exception as exc:
+            teams.note_queued({})
+            log.warning("team_queues_unread", error=type(exc).__name__)
+        await asyncio.sleep(interval_s)

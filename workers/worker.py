@@ -31,9 +31,10 @@ from workers.headroom import HeadroomPolicy
 from workers.health import EngineHealth
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
-from workers.pull_loop import PullLoop
+from workers.pull_loop import TEAM_ACTIVE_S, PullLoop
 from workers.runner import JobRunner
 from workers.settings import WorkerSettings
+from workers.team_activity import TeamActivity, watch_team_queues
 
 log = structlog.get_logger()
 
@@ -90,13 +91,15 @@ class Worker:
             cancels = RedisCancelBus(redis)
             load = LoadTracker()
             dead_letters = KafkaDeadLetterSink(producer)
+            backlog = RedisBacklog(redis)
+            teams = TeamActivity(TEAM_ACTIVE_S)
             runner = JobRunner(
                 self.engine,
                 RedisEventPublisher(redis),
                 KafkaUsageSink(producer),
                 cancels,
                 RedisJobLedger(redis, ttl_s=settings.done_ttl_s),
-                RedisBacklog(redis),
+                backlog,
                 load,
                 KafkaResultSink(producer),
                 cancels,
@@ -118,6 +121,7 @@ class Worker:
                     team_slot_reserve=settings.team_slot_reserve,
                 ),
                 fair_lookahead=settings.fair_lookahead,
+                teams=teams,
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned
@@ -125,6 +129,7 @@ class Worker:
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)
             background.append(asyncio.create_task(listen_for_cancels(listener, loop)))
+            background.append(asyncio.create_task(watch_team_queues(backlog, settings.pool, teams)))
             if self._drain_requested:
                 loop.stop()
             heartbeat.state = "draining" if self._drain_requested else "ready"

@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmq import services
+from llmq import services, starters
 from llmq.engine_env import engine_environment
 from llmq.modelbuild import ensure_model
 from topics.kafka import ensure_topics
@@ -53,7 +53,7 @@ class Processes:
         kind, env = self.specs[name]
         self.starts[name] = self.starts.get(name, 0) + 1
         log_path = self.logs / f"{name}-{self.starts[name]}.log"
-        proc = services.start_llmq(kind, env, log_path, name=name)  # type: ignore[arg-type]
+        proc = starters.start_llmq(kind, env, log_path, name=name)  # type: ignore[arg-type]
         self.running[name] = proc
         return proc
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmq import services
+from llmq import services, starters
 from schemas.messages import CancelEvent, ErrorEvent, TokenEvent
 from tests.polling import eventually
 from topics.redis_client import connect_redis
@@ -29,7 +29,7 @@ class RestartableValkey:
     def _start(self) -> services.ManagedProcess:
         self.starts += 1
         log_path = self.folder / f"valkey-{self.starts}.log"
-        return services.start_valkey(self.port, log_path, data_dir=self.folder)
+        return starters.start_valkey(self.port, log_path, data_dir=self.folder)
 
     def kill(self) -> None:
         services.stop(self.proc)

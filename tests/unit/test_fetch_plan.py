@@ -27,15 +27,23 @@ def test_a_full_buffer_pauses_only_the_partitions_it_holds_jobs_from() -> None:
     assert plan.max_records == 1
 
 
-def test_no_slot_keeps_the_look_ahead_open_until_it_is_full() -> None:
+def test_no_slot_keeps_every_partition_without_a_held_job_open() -> None:
     plan = plan_fetch(
         FetchBudget(interactive=0, batch=0), held_interactive=1, held_batch=0, lookahead=4,
         partitions=PARTITIONS, waiting_in={"i0"},
     )  # fmt: skip
     assert plan.pause == {"i0", "b0", "b1"} and plan.resume == {"i1", "i2"}
     assert plan.max_records == 3
+    # The look-ahead is spent (a flooding team's jobs wait for its share), yet a partition
+    # holding none of them stays open: another team's job there is fetched, not hidden.
     full = plan_fetch(
         FetchBudget(interactive=0, batch=0), held_interactive=4, held_batch=0, lookahead=4,
         partitions=PARTITIONS, waiting_in={"i0", "i1"},
     )  # fmt: skip
-    assert full.pause == {"i0", "i1", "i2", "b0", "b1"} and full.max_records == 0
+    assert full.pause == {"i0", "i1", "b0", "b1"} and full.resume == {"i2"}
+    assert full.max_records == 1
+    every = plan_fetch(
+        FetchBudget(interactive=0, batch=0), held_interactive=3, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in={"i0", "i1", "i2"},
+    )  # fmt: skip
+    assert every.pause == {"i0", "i1", "i2", "b0", "b1"} and every.max_records == 0

@@ -285,6 +285,7 @@ def shared_load(
     weights: dict[str, float],
     free: int,
     usage: dict[str, float] | None = None,
+    waiting: dict[str, float] | None = None,
 ) -> EngineLoad:
     return EngineLoad(
         in_flight=8 - free,
@@ -294,6 +295,7 @@ def shared_load(
         team_held=held,
         active_weights=weights,
         team_usage=usage or {},
+        team_waiting=waiting or {},
     )
 
 
@@ -304,8 +306,8 @@ def shared_load(
         ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "b", 0),  # b holds its share (7/2 -> 4)
         ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "a", 3),  # a (light) may take them all
         ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "b", 5),  # weight 3 of 4: share 6, light
-        ({"b": 5, "a": 1}, {"a": 1.0, "b": 3.0}, 2, "b", 1),  # heavy: leaves light a a slot
-        ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "a", 1),  # per weight a holds more: share 2
+        ({"b": 7, "a": 1}, {"a": 1.0, "b": 3.0}, 0, "b", 0),  # heavy (7 > 6): none free
+        ({"b": 2, "a": 3}, {"a": 1.0, "b": 3.0}, 3, "a", 0),  # a above its share 2: b keeps 5
         ({"b": 7}, {"a": 1.0, "b": 1.0}, 1, "a", 1),  # a holds none: the reserved slot
     ],
 )
@@ -318,17 +320,17 @@ def test_teams_share_the_slots_by_weight_while_several_are_active(
 @pytest.mark.parametrize(
     ("held", "usage", "free", "team", "slots"),
     [
-        # a steady sender (2.5 slots on average, share 4) bursts to 4: it may take more
+        # a steady sender (2.5 jobs on average) bursts: it may take every free slot
         ({"a": 4, "b": 3}, {"a": 2.5, "b": 4.5}, 1, "a", 1),  # the newcomers' slot too
         ({"a": 4, "b": 2}, {"a": 2.5, "b": 4.5}, 2, "a", 2),
-        # the flooding team holds under its share now, but not on average: it leaves a slot
-        # for the steady sender's next request
-        ({"a": 2, "b": 3}, {"a": 2.5, "b": 4.5}, 3, "b", 1),
-        ({"a": 2, "b": 4}, {"a": 2.5, "b": 4.5}, 2, "b", 0),
-        ({"a": 3, "b": 3}, {"a": 2.5, "b": 4.5}, 2, "b", 1),
-        ({"a": 3, "b": 3}, {"a": 2.5, "b": 4.5}, 1, "b", 0),
+        # the flooding team (4.5 on average, its waiting jobs included) keeps 6 slots for
+        # a's bursts (2.5 + 2 * sqrt(2.5)), but never goes below half its share (4 / 2 = 2)
+        ({"a": 2, "b": 1}, {"a": 2.5, "b": 4.5}, 5, "b", 1),
+        ({"a": 2, "b": 2}, {"a": 2.5, "b": 4.5}, 4, "b", 0),
+        ({"a": 0, "b": 2}, {"a": 2.5, "b": 4.5}, 6, "b", 0),
         # two flooding teams: each its share, the newcomers' slot kept
         ({"a": 3, "b": 3}, {"a": 4.5, "b": 4.5}, 2, "b", 1),
+        ({"a": 3, "b": 4}, {"a": 4.5, "b": 4.5}, 1, "a", 0),
     ],
 )
 def test_a_light_team_may_burst_and_a_heavy_one_leaves_it_room(
@@ -336,3 +338,44 @@ def test_a_light_team_may_burst_and_a_heavy_one_leaves_it_room(
 ) -> None:
     load = shared_load(held, {"a": 1.0, "b": 1.0}, free, usage)
     assert POLICY.slots_for(load, team) == slots
+
+
+@pytest.mark.parametrize(
+    ("usage", "light", "cap"),
+    [
+        ({"a": 0.2, "b": 6.0}, {"a"}, 5),  # a barely sends: b keeps 8 - 1 - 2 slots
+        ({"a": 1.0, "b": 6.0}, {"a"}, 4),  # room 1 + 2 * 1 = 3
+        ({"a": 3.0, "b": 6.0}, {"a"}, 2),  # room 3 + 3.5 -> 7: b keeps half its share
+        ({"a": 4.0, "b": 4.5}, set(), 4),  # neither is light: plain weighted shares
+    ],
+)
+def test_heavy_cap_lends_room_to_light_teams_down_to_half_a_share(
+    usage: dict[str, float], light: set[str], cap: int
+) -> None:
+    load = shared_load({"a": 1, "b": 1}, {"a": 1.0, "b": 1.0}, 6, usage)
+    assert POLICY.light_teams(load) == light
+    assert POLICY.heavy_cap(load, "b", frozenset(light)) == cap
+
+
+@pytest.mark.parametrize(
+    ("usage", "waiting", "light"),
+    [
+        ({"a": 2.5, "b": 2.0}, {"a": 0.05, "b": 0.9}, {"a"}),  # b always has a queue: heavy
+        ({"a": 2.5, "b": 2.0}, {"a": 0.05, "b": 0.3}, {"a", "b"}),  # both steady
+        ({"a": 4.5, "b": 2.0}, {"a": 0.0, "b": 0.9}, set()),  # a holds more than its share
+    ],
+)
+def test_light_teams_hold_less_than_their_share_and_rarely_wait(
+    usage: dict[str, float], waiting: dict[str, float], light: set[str]
+) -> None:
+    load = shared_load({"a": 2, "b": 2}, {"a": 1.0, "b": 1.0}, 4, usage, waiting)
+    assert POLICY.light_teams(load) == light
+
+
+def test_a_light_teams_burst_in_progress_borrows_down_to_a_heavy_teams_last_slot() -> None:
+    load = shared_load({"a": 5, "b": 2}, {"a": 1.0, "b": 1.0}, 1, {"a": 2.5, "b": 2.0})
+    load = EngineLoad(**{**load.__dict__, "team_waiting": {"a": 0.1, "b": 1.0}})
+    assert POLICY.heavy_cap(load, "b", frozenset({"a"})) == 2  # half its share of 8 / 2
+    bursting = EngineLoad(**{**load.__dict__, "team_buffered": {"a": 1, "b": 3}})
+    assert POLICY.heavy_cap(bursting, "b", frozenset({"a"})) == 1
+    assert POLICY.slots_for(bursting, "b") == 0 and POLICY.slots_for(bursting, "a") == 1

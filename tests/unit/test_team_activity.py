@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from workers.team_activity import TeamActivity
+import asyncio
+
+from workers.team_activity import TeamActivity, watch_team_queues
 
 
 def test_teams_stay_active_for_the_linger_time_with_their_latest_weight() -> None:
@@ -20,10 +22,79 @@ def test_teams_stay_active_for_the_linger_time_with_their_latest_weight() -> Non
 def test_usage_is_a_moving_average_of_slots_held() -> None:
     now = [0.0]
     teams = TeamActivity(10.0, clock=lambda: now[0], usage_window_s=10.0)
-    assert teams.usage({"a": 4}) == {"a": 4.0}  # first sight: what it holds
+    assert teams.observe({"a": 4}, {})[0] == {"a": 4.0}  # first sight: what it holds
     now[0] = 10.0
-    usage = teams.usage({"a": 0, "b": 2})
+    usage, _ = teams.observe({"a": 0, "b": 2}, {})
     assert 1.4 < usage["a"] < 1.5  # 4 * e^-1: a decays towards 0
     assert usage["b"] == 2.0
     now[0] = 100.0
-    assert "a" not in teams.usage({"b": 2})  # long idle: forgotten
+    assert "a" not in teams.observe({"b": 2}, {})[0]  # long idle: forgotten
+
+
+def test_waiting_is_the_share_of_time_with_a_job_waiting_and_young_teams_wait() -> None:
+    now = [0.0]
+    teams = TeamActivity(10.0, clock=lambda: now[0], usage_window_s=30.0)
+    _, waiting = teams.observe({"a": 2}, {"a": 3.0})
+    assert waiting == {"a": 1.0}  # young: counts as always waiting
+    now[0] = 10.0  # a third of the window: grown up; it waited at first, then never
+    _, waiting = teams.observe({"a": 2, "b": 1}, {"a": 0.2, "b": 2.0})
+    assert 0.70 < waiting["a"] < 0.72  # e^(-1/3): decaying towards 0
+    assert waiting["b"] == 1.0  # b is young
+    now[0] = 60.0
+    _, waiting = teams.observe({"a": 2, "b": 1}, {"b": 2.0})
+    assert waiting["a"] < 0.15 and waiting["b"] == 1.0  # a steady sender, a flooding team
+
+
+def test_waiting_jobs_count_the_pools_queue_in_prompts_when_it_exceeds_the_buffer() -> None:
+    teams = TeamActivity(10.0)
+    teams.note_prompt("a", 1_000)
+    teams.note_prompt("b", 500)
+    teams.note_queued({"b": 3_000, "c": 9_000})  # c: never seen here, left out
+    assert teams.waiting_jobs(["a", "b"]) == {"a": 1.0, "b": 6.0}
+    teams.note_queued({})
+    assert teams.waiting_jobs(["b", "b"]) == {"b": 2.0}
+
+
+def test_behaviour_reports_weights_usage_and_waiting_of_the_active_teams() -> None:
+    teams = TeamActivity(10.0)
+    teams.weigh("a", 2.0)
+    teams.note_prompt("a", 100)
+    behaviour = teams.behaviour({"a": 1}, ["a"])
+    assert behaviour.weights == {"a": 2.0}
+    assert behaviour.usage == {"a": 1.0} and behaviour.waiting == {"a": 1.0}
+
+
+async def test_the_queue_watch_keeps_the_latest_queue_and_forgets_it_on_failure() -> None:
+    class Backlog:
+        """Answers call n only once the test releases it; each call's start is an event, so
+        the test knows the previous answer has been noted."""
+
+        def __init__(self) -> None:
+            self.answers: list[dict[str, int] | Exception] = [{"b": 2_000}, OSError("down")]
+            self.started = [asyncio.Event() for _ in range(3)]
+            self.release = [asyncio.Event() for _ in range(3)]
+            self.calls = 0
+
+        async def team_queued(self, pool: str, tier: str) -> dict[str, int]:
+            assert (pool, tier) == ("p", "interactive")
+            n, self.calls = self.calls, self.calls + 1
+            self.started[n].set()
+            await self.release[n].wait()
+            answer = self.answers[n]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    teams = TeamActivity(10.0)
+    teams.note_prompt("b", 1_000)
+    backlog = Backlog()
+    watch = asyncio.create_task(watch_team_queues(backlog, "p", teams, interval_s=0))  # type: ignore[arg-type]
+    try:
+        backlog.release[0].set()
+        await backlog.started[1].wait()
+        assert teams.waiting_jobs([]) == {"b": 2.0}
+        backlog.release[1].set()
+        await backlog.started[2].wait()
+        assert teams.waiting_jobs([]) == {}  # the failed read forgot the queue
+    finally:
+        watch.cancel()

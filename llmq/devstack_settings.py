@@ -1,0 +1,59 @@
+"""How the local stack is laid out: ``LLMQ_DEV_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmq.services import LOCALHOST
+
+
+class DevStackSettings(BaseSettings):
+    """How the local stack is laid out (environment variables ``LLMQ_DEV_*``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LLMQ_DEV_", use_attribute_docstrings=True, extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    """Address the gateway listens on."""
+    port: int = 8000
+    """Port the gateway listens on."""
+    kafka_port: int = 9092
+    """Port of the local Kafka-protocol broker (Tansu) on 127.0.0.1."""
+    redis_port: int = 6379
+    """Port of the local Valkey (Redis) server on 127.0.0.1."""
+    s3_port: int = 9000
+    """Port of the local S3-API server (moto) on 127.0.0.1."""
+    model: str = "smollm2-135m-instruct"
+    """Served model name; its folder is built under models_dir() on first use."""
+    pool: str = "smollm2"
+    """Worker pool of the model (names its job topics)."""
+    max_model_len: int = 2048
+    """Longest prompt + completion the worker accepts, in tokens."""
+    max_num_seqs: int = 16
+    """Most sequences the worker's engine runs at once."""
+    kv_cache_gib: float = 1.0
+    """KV-cache memory of the worker's engine, in GiB."""
+    partitions: int = 8
+    """Partitions of each job topic."""
+    batch_max_in_flight: int = 2
+    """Batch sequences one worker runs at once. The CPU engine is compute-bound (each running
+    sequence lengthens every step), so the local stack keeps batch to a trickle beside
+    interactive work; on GPUs leave the worker's default (no cap)."""
+    workers: int = 1
+    """Worker processes (engine replicas) in the pool; 2 shows partition routing at work."""
+    api_key: str = "sk-llmq-dev"
+    """The API key the local gateway accepts."""
+    team: str = "dev"
+    """Team the API key belongs to."""
+    extra_api_keys: dict[str, str] = {}
+    """More API keys -> teams (JSON), e.g. for `llmq bench load` with several teams."""
+    ready_timeout_s: float = 600.0
+    """Seconds to wait for the gateway's /readyz (the first start builds the model)."""
+    log_json: bool = False
+    """Whether the gateway and worker write JSON log lines instead of console lines."""
+
+    @property
+    def gateway_url(self) -> str:
+        host = LOCALHOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
