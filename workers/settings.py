@@ -42,6 +42,10 @@ class WorkerSettings(BaseSettings):
     team_slot_reserve: int = 1
     """Sequence slots kept free for a team holding no job on this worker, so its first request
     never waits for another team's jobs to end (only when max_num_seqs > 2x this)."""
+    team_usage_window_s: float = 30.0
+    """How far back a worker looks to tell a steady team from a flooding one (the window of
+    its moving averages of slots held and time spent waiting); a team new to the worker
+    counts as flooding for the first third of it."""
     fair_lookahead: int = 4
     """Interactive jobs held beyond what can start (one per partition at most), so the
     weighted fair queue can choose between teams when a slot frees. Uncommitted: a crash

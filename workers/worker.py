@@ -92,7 +92,7 @@ class Worker:
             load = LoadTracker()
             dead_letters = KafkaDeadLetterSink(producer)
             backlog = RedisBacklog(redis)
-            teams = TeamActivity(TEAM_ACTIVE_S)
+            teams = TeamActivity(TEAM_ACTIVE_S, usage_window_s=settings.team_usage_window_s)
             runner = JobRunner(
                 self.engine,
                 RedisEventPublisher(redis),

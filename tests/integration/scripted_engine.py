@@ -34,6 +34,8 @@ class ScriptedEngine:
         self.fail = fail or set()
         self.step_s = step_s
         self.order: list[str] = []
+        self.log: list[tuple[str, str]] = []
+        """("start" | "end", request_id) in the order generations started and ended."""
         self.hold = hold or set()
         self.max_num_seqs = max_num_seqs
         self.max_model_len = 4096
@@ -54,6 +56,7 @@ class ScriptedEngine:
     async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
         self.calls[job.request_id] += 1
         self.order.append(job.request_id)
+        self.log.append(("start", job.request_id))
         self.running.add(job.request_id)
         self.peak_running = max(self.peak_running, len(self.running))
         self.generating.set()
@@ -78,6 +81,7 @@ class ScriptedEngine:
                 )
         finally:
             self.running.discard(job.request_id)
+            self.log.append(("end", job.request_id))
 
     async def abort(self, request_id: str) -> None:
         self.running.discard(request_id)
