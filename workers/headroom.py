@@ -201,8 +201,8 @@ class HeadroomPolicy:
         return round(room) - load.reserved_tokens  # round, not floor: 0.7 - 0.2 < 0.5
 
     def team_share(self, load: EngineLoad, team: str) -> int:
-        """The most slots ``team`` may hold while other teams are active here: its weighted
-        share of the slots (outside the reserve), at least one."""
+        """``team``'s weighted share of the slots (outside the reserve), at least one: what
+        each active team may hold while none is light (see `heavy_cap`)."""
         weights = load.active_weights
         total = sum(weights.values())
         if team not in weights or len(weights) < 2 or total <= 0:
