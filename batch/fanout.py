@@ -15,6 +15,7 @@ import structlog
 
 from batch.finalize import BatchEnd, BatchFinalizer
 from batch.ports import FileStore, iter_lines
+from batch.quota import LineQuota
 from batch.results import error_line, line_id, stored
 from batch.state_port import BatchStore, StoredBatch
 from batch.validation import (
@@ -48,6 +49,7 @@ class BatchFanout:
         *,
         max_requests: int,
         chunk: int,
+        quota: LineQuota | None = None,
     ) -> None:
         self._store = store
         self._files = files
@@ -58,6 +60,7 @@ class BatchFanout:
         self._finalizer = finalizer
         self._max_requests = max_requests
         self._chunk = chunk
+        self._quota = quota
 
     async def handle(self, batch_id: str) -> None:
         """Validate the batch if it still needs it, then produce the lines not yet produced."""
@@ -146,25 +149,35 @@ class BatchFanout:
     async def _send(
         self, current: StoredBatch, deployment: Deployment, chunk: list[tuple[int, int, bytes]]
     ) -> int:
-        """Produce one chunk (concurrently), then save the cursor past it."""
-        await asyncio.gather(*(self._send_line(current, deployment, *item) for item in chunk))
+        """Prepare one chunk's jobs in order (each reserves its team's quota, waiting while the
+        bucket is short), produce them concurrently, then save the cursor past the chunk."""
+        jobs = [await self._prepare(current, deployment, *item) for item in chunk]
+        await asyncio.gather(*(self._submit(job) for job in jobs if job is not None))
         cursor = chunk[-1][0] + 1
         await self._store.advance_cursor(current.batch.id, cursor)
         return cursor
 
-    async def _send_line(
+    async def _prepare(
         self, current: StoredBatch, deployment: Deployment, index: int, line_no: int, raw: bytes
-    ) -> None:
+    ) -> InferenceJob | None:
+        """The line's job, its quota reserved; None when the line failed (it is recorded)."""
         batch = current.batch
         try:
             line = parse_line(raw, index, line_no)
             job = self._job(current, deployment, line)
+            if self._quota is not None:
+                wanted = len(job.prompt_token_ids) + job.sampling.max_tokens
+                reserved = await self._quota.reserve(job.team, wanted)
+                job = job.model_copy(update={"reserved_tokens": reserved})
         except LineError as exc:
             ref = BatchLineRef(batch_id=batch.id, line=index, custom_id=custom_id_of(raw))
             failed = error_line(ref, line_id(batch.id, index), exc.code, exc.message)
             await self._store.record_line(batch.id, index, False, stored(False, failed))
             await self._finalize_if_done(batch.id)
-            return
+            return None
+        return job
+
+    async def _submit(self, job: InferenceJob) -> None:
         await self._backlog.add(job.pool, "batch", len(job.prompt_token_ids), job.team)
         await self._queue.submit(job)
 
@@ -186,6 +199,7 @@ class BatchFanout:
             model=deployment.name,
             pool=deployment.pool,
             tier="batch",
+            team_weight=self._quota.policy(current.team).weight if self._quota else 1.0,
             prompt_token_ids=tuple(prompt),
             sampling=sampling_settings(line.body, max_tokens),
             stream=False,

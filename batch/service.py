@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from batch.collector import ResultCollector
 from batch.fanout import BatchFanout
 from batch.finalize import BatchFinalizer
+from batch.quota import LineQuota
 from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
 from batch.settings import BatchSettings
@@ -32,6 +33,7 @@ from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
+from topics.redis_token_bucket import RedisTokenBucket
 
 log = structlog.get_logger()
 
@@ -126,6 +128,7 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         store, files, KafkaJobQueue(producer), RedisBacklog(redis),
         ChatRenderer.load(settings.deployments), settings.deployments, finalizer,
         max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
+        quota=LineQuota(RedisTokenBucket(redis), settings.teams),
     )  # fmt: skip
     collector = ResultCollector(results, store, finalizer)
     sweeper = BatchSweeper(store, finalizer, settings)

@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.deployment import Deployment
+from schemas.teams import TeamPolicy
 
 
 class BatchSettings(BaseSettings):
@@ -26,6 +27,10 @@ class BatchSettings(BaseSettings):
     deployments: list[Deployment] = Field(default_factory=list)
     """The served models (same setting as the gateway's): batch lines are rendered with their
     tokenizer and fanned into their pool's batch topic."""
+    teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+    """Teams' weights and token quotas (the gateway's ``LLMQ_TEAMS``): each batch line reserves
+    prompt + max_tokens from its team's bucket before it is queued, waiting while the bucket
+    is short; a team not named gets the default policy."""
     probe_port: int | None = None
     """Port for plain-HTTP `/healthz` and `/readyz` (Kubernetes probes); None: not served."""
     probe_host: str = "127.0.0.1"

@@ -6,7 +6,10 @@ broker returns first). Once nothing more can start, a partition that already has
 buffered pauses and every other one stays open (past the look-ahead, one record per fetch): a
 buffer full of one team's jobs waiting for that team's share never hides another team's new
 job behind them (a job can only be chosen once fetched), and the buffer holds at most one job
-per partition beyond the look-ahead.
+per partition beyond the look-ahead. A partition whose held job waits only because its team is
+at its share stays open too (the caller leaves it out of ``waiting_in``), up to
+``most_buffered`` jobs in all: a flood spread over many partitions cannot hide a steady team's
+job behind its own.
 Batch work is fetched only as far as its budget allows.
 """
 
@@ -37,9 +40,11 @@ def plan_fetch(
     lookahead: int,
     partitions: Mapping[str, Collection[P]],
     waiting_in: Collection[P],
+    most_buffered: int | None = None,
 ) -> FetchPlan[P]:
     """``partitions``: the assigned partitions by class; ``waiting_in``: those with a job held
-    (buffered or waiting to start) in this worker."""
+    (buffered or waiting to start) in this worker that should pause them; ``most_buffered``:
+    the most interactive jobs held before every interactive partition pauses."""
     can_start = budget.interactive - held_interactive
     want = {
         "interactive": budget.interactive + lookahead - held_interactive,
@@ -49,7 +54,10 @@ def plan_fetch(
     resume: set[P] = set()
     most = 0
     for cls, assigned in partitions.items():
-        if cls == "interactive" and can_start <= 0:  # look-ahead: one job per partition
+        full = most_buffered is not None and held_interactive >= most_buffered
+        if cls == "interactive" and can_start <= 0 and full:
+            pause.update(assigned)
+        elif cls == "interactive" and can_start <= 0:  # look-ahead: one job per partition
             opened = {tp for tp in assigned if tp not in waiting_in}
             pause.update(tp for tp in assigned if tp in waiting_in)
             resume.update(opened)

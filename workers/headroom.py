@@ -61,6 +61,15 @@ class EngineLoad:
     """Share of time (0..1) each team had work waiting to start, lately: a flooding team's
     is near 1, a steady sender's near 0."""
 
+    def teams_summary(self) -> dict[str, object]:
+        """Free slots and each team's jobs held, average use and waiting share (for logs)."""
+        return {
+            "free": max(self.max_num_seqs - self.in_flight, 0),
+            "held": dict(self.team_held),
+            "usage": {team: round(used, 2) for team, used in self.team_usage.items()},
+            "waiting": {team: round(share, 2) for team, share in self.team_waiting.items()},
+        }
+
     @classmethod
     def from_stats(
         cls,

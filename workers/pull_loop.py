@@ -39,16 +39,13 @@ from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
 from workers.runner import JobOrigin, JobRunner, RunFailed
-from workers.team_activity import TeamActivity
+from workers.team_activity import TEAM_ACTIVE_S, TeamActivity
 
 log = structlog.get_logger()
 
 PRIORITY = {"interactive": 0, "batch": 10}
 IDLE_WAIT_S = 0.05
 """How long a turn waits for a slot to free when nothing can be fetched or started."""
-TEAM_ACTIVE_S = 10.0
-"""A team stays active (keeps its share of slots) this long after it last held or buffered a
-job here, so a team sending steadily keeps its share between requests."""
 
 
 @dataclass(frozen=True)
@@ -221,14 +218,9 @@ class PullLoop:
                     continue
             if item.job.request_id not in self._waited:  # once per job: why it waits
                 self._waited.add(item.job.request_id)
-                self._log_waiting(item, load)
+                log.debug("job_waiting", request_id=item.job.request_id, team=item.job.team,
+                          **load.teams_summary())  # fmt: skip
             return
-
-    def _log_waiting(self, item: _Fetched, load: EngineLoad) -> None:
-        log.debug("job_waiting", request_id=item.job.request_id, team=item.job.team,
-                  free=self._policy.free_slots(load), held=dict(load.team_held),
-                  usage={t: round(u, 2) for t, u in load.team_usage.items()},
-                  waiting={t: round(w, 2) for t, w in load.team_waiting.items()})  # fmt: skip
 
     def _other_team(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
         """A buffered job of the held job's class from a team that may still start one, when
@@ -247,8 +239,15 @@ class PullLoop:
         return item
 
     async def _fetch(self) -> int:
-        budget = self._policy.fetch_budget(self._engine_load())
+        load = self._engine_load()
+        budget = self._policy.fetch_budget(load)
         held = [*self._buffer.items(), *([self._next] if self._next else [])]
+        # A job held only because its team is at its share (slots are free) must not hide
+        # another team's job behind it in its partition: that partition stays open.
+        free = self._policy.free_slots(load) > 0
+        blocking = {
+            f.tp for f in held if not (free and self._policy.slots_for(load, f.job.team) == 0)
+        }
         held_interactive = sum(1 for f in held if f.job.tier == "interactive")
         assignment = self._consumer.assignment()
         plan = plan_fetch(
@@ -260,7 +259,8 @@ class PullLoop:
                 cls: [tp for tp in assignment if tp.topic == topic]
                 for cls, topic in self._topics.items()
             },
-            waiting_in={f.tp for f in held},
+            waiting_in=blocking,
+            most_buffered=self._lookahead + 2 * self._engine.max_num_seqs,
         )
         self._consumer.pause(*plan.pause)
         self._consumer.resume(*plan.resume)
@@ -308,6 +308,7 @@ class PullLoop:
         if rid in self._running:  # the same job twice (a re-queue raced a redelivery)
             self.offsets.finished(item.tp, item.offset)
             return
+        self._teams.note_started(item.job.team, len(item.job.prompt_token_ids))
         task = asyncio.create_task(self._run_job(item), name=rid)
         self._running[rid] = (task, item)
 

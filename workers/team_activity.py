@@ -28,6 +28,10 @@ from topics.ports import QueueBacklog
 
 log = structlog.get_logger()
 
+TEAM_ACTIVE_S = 10.0
+"""A team stays active (keeps its share of slots) this long after it last held or buffered a
+job here, so a team sending steadily keeps its share between requests."""
+
 
 @dataclass(frozen=True)
 class TeamBehaviour:
@@ -67,6 +71,16 @@ class TeamActivity:
     def note_queued(self, queued_tokens: Mapping[str, int]) -> None:
         """The pool's queued prompt tokens per team (admitted, not started on any worker)."""
         self._queued_tokens = dict(queued_tokens)
+
+    def note_started(self, team: str, prompt_tokens: int) -> None:
+        """A job of ``team`` started here: take it off the last read of the pool's queue at
+        once (the next read would show it only up to ``interval_s`` later), so a steady
+        sender's every job does not count as waiting until then."""
+        left = self._queued_tokens.get(team, 0) - prompt_tokens
+        if left > 0:
+            self._queued_tokens[team] = left
+        else:
+            self._queued_tokens.pop(team, None)
 
     def waiting_jobs(self, buffered: Iterable[str]) -> dict[str, float]:
         """Jobs waiting to start for each team: the larger of those ``buffered`` here and the

@@ -31,10 +31,10 @@ from workers.headroom import HeadroomPolicy
 from workers.health import EngineHealth
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
-from workers.pull_loop import TEAM_ACTIVE_S, PullLoop
+from workers.pull_loop import PullLoop
 from workers.runner import JobRunner
 from workers.settings import WorkerSettings
-from workers.team_activity import TeamActivity, watch_team_queues
+from workers.team_activity import TEAM_ACTIVE_S, TeamActivity, watch_team_queues
 
 log = structlog.get_logger()
 

@@ -7,6 +7,7 @@ real engine is proven by the e2e tests.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -26,8 +27,13 @@ class ScriptedEngine:
         step_s: float = 0.0,
         stall_after: dict[str, int] | None = None,
         fail: set[str] | None = None,
+        tokens_by_prefix: dict[str, int] | None = None,
     ) -> None:
         self.tokens = tokens
+        self.tokens_by_prefix = tokens_by_prefix or {}
+        """Tokens for jobs whose request id starts with a prefix (others: ``tokens``)."""
+        self.started_at: dict[str, float] = {}
+        """Monotonic time each job last started generating."""
         self.stall_after = stall_after or {}
         self.hung = False
         """Set it to make every generation hang (an engine that stopped stepping)."""
@@ -57,6 +63,7 @@ class ScriptedEngine:
         self.calls[job.request_id] += 1
         self.order.append(job.request_id)
         self.log.append(("start", job.request_id))
+        self.started_at[job.request_id] = time.monotonic()
         self.running.add(job.request_id)
         self.peak_running = max(self.peak_running, len(self.running))
         self.generating.set()
@@ -66,7 +73,15 @@ class ScriptedEngine:
             if job.request_id in self.fail:
                 raise RuntimeError("scripted engine failure")
             prompt = len(job.prompt_token_ids)
-            for i in range(self.tokens):
+            tokens = next(
+                (
+                    n
+                    for prefix, n in self.tokens_by_prefix.items()
+                    if job.request_id.startswith(prefix)
+                ),
+                self.tokens,
+            )
+            for i in range(tokens):
                 if self.stall_after.get(job.request_id) == i:
                     self.stalled.set()
                     await asyncio.Event().wait()
@@ -76,8 +91,8 @@ class ScriptedEngine:
                     num_new_tokens=1,
                     prompt_tokens=prompt,
                     cached_tokens=0,
-                    finished=i == self.tokens - 1,
-                    finish_reason="length" if i == self.tokens - 1 else None,
+                    finished=i == tokens - 1,
+                    finish_reason="length" if i == tokens - 1 else None,
                 )
         finally:
             self.running.discard(job.request_id)

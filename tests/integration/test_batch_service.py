@@ -22,6 +22,7 @@ from batch.collector import ResultCollector
 from batch.fanout import BatchFanout
 from batch.finalize import BatchFinalizer
 from batch.ports import iter_lines
+from batch.quota import LineQuota
 from batch.redis_store import RedisBatchStore
 from batch.results import line_id
 from batch.s3_files import S3FileStore
@@ -29,10 +30,12 @@ from schemas.batches import Batch
 from schemas.deployment import Deployment
 from schemas.messages import BatchLineRef, BatchResultEvent, InferenceJob, UsageCounts
 from schemas.render import ChatRenderer
+from schemas.teams import TeamPolicy
 from tests.polling import eventually
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaResultSink, KafkaTopicStream
 from topics.redis_backlog import RedisBacklog
+from topics.redis_token_bucket import RedisTokenBucket
 
 pytestmark = pytest.mark.integration
 
@@ -289,3 +292,51 @@ async def test_invalid_file_fails_the_batch_with_line_numbers(
         (4, "model_not_found"),
     ]
     assert batch.id not in await store.active()
+
+
+async def test_fanout_reserves_each_lines_quota_and_waits_for_the_bucket(
+    redis: Redis, files: S3FileStore, kafka_bootstrap: str, producer: KafkaProducer, pool: str
+) -> None:
+    # Lines name no max_tokens, so each reserves its whole context: 512 tokens. The team's
+    # minute holds three of them; the other three wait for the bucket to refill (on a clock
+    # that the waits themselves advance, so the test takes no minute).
+    team = f"team-q-{uuid.uuid4().hex[:6]}"
+    store = RedisBatchStore(redis)
+    batch = await new_batch(store, files, team, 6)
+    deployment = Deployment(name="m", path="unused", pool=pool, max_model_len=512)
+    now_ms = [time.time_ns() // 1_000_000]
+    waits: list[float] = []
+
+    async def wait(seconds: float) -> None:
+        waits.append(seconds)
+        now_ms[0] += int(seconds * 1000)
+
+    policy = TeamPolicy(weight=2.0, tokens_per_minute=3 * 512 + 100)
+    quota = LineQuota(RedisTokenBucket(redis, clock_ms=lambda: now_ms[0]), {team: policy}, wait)
+    fanout = BatchFanout(
+        store, files, KafkaJobQueue(producer), RedisBacklog(redis),
+        ChatRenderer({"m": CharTokenizer()}), [deployment],
+        BatchFinalizer(store, files, "test", lease_s=30), max_requests=100, chunk=4, quota=quota,
+    )  # fmt: skip
+    await fanout.handle(batch.id)
+
+    consumer = AIOKafkaConsumer(
+        catalog.job_topic(pool, "batch"), bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        jobs: list[InferenceJob] = []
+        async with asyncio.timeout(15):
+            while len(jobs) < 6:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    jobs += [InferenceJob.model_validate_json(r.value or b"") for r in records]
+    finally:
+        await consumer.stop()
+    assert len(jobs) == 6
+    assert all(job.reserved_tokens == 512 and job.team_weight == 2.0 for job in jobs)
+    # Three lines found the bucket full; each of the others waited for about 512 tokens of
+    # refill at 1636 tokens a minute (about 19 s), none was refused.
+    assert len(waits) >= 3 and 45 <= sum(waits) <= 75, waits
+    finished = await store.get(batch.id)
+    assert finished is not None and finished.cursor == 6

@@ -47,3 +47,18 @@ def test_no_slot_keeps_every_partition_without_a_held_job_open() -> None:
         partitions=PARTITIONS, waiting_in={"i0", "i1", "i2"},
     )  # fmt: skip
     assert every.pause == {"i0", "i1", "i2", "b0", "b1"} and every.max_records == 0
+
+
+def test_a_full_buffer_pauses_every_interactive_partition() -> None:
+    # Partitions whose held jobs wait for their team's share stay open (the caller leaves
+    # them out of waiting_in), but never past the buffer's bound.
+    open_ = plan_fetch(
+        FetchBudget(interactive=0, batch=0), held_interactive=5, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in=set(), most_buffered=6,
+    )  # fmt: skip
+    assert open_.resume == {"i0", "i1", "i2"} and open_.max_records == 1
+    full = plan_fetch(
+        FetchBudget(interactive=0, batch=0), held_interactive=6, held_batch=0, lookahead=4,
+        partitions=PARTITIONS, waiting_in=set(), most_buffered=6,
+    )  # fmt: skip
+    assert full.pause == {"i0", "i1", "i2", "b0", "b1"} and full.max_records == 0

@@ -51,6 +51,10 @@ def test_waiting_jobs_count_the_pools_queue_in_prompts_when_it_exceeds_the_buffe
     teams.note_prompt("b", 500)
     teams.note_queued({"b": 3_000, "c": 9_000})  # c: never seen here, left out
     assert teams.waiting_jobs(["a", "b"]) == {"a": 1.0, "b": 6.0}
+    teams.note_started("b", 2_500)  # started here: off the queue before the next read
+    assert teams.waiting_jobs([]) == {"b": 1.0}
+    teams.note_started("b", 800)
+    assert teams.waiting_jobs([]) == {}
     teams.note_queued({})
     assert teams.waiting_jobs(["b", "b"]) == {"b": 2.0}
 
