@@ -257,13 +257,8 @@ def replay(
 ) -> None:
     """Re-drive jobs (same request ids, with a replay marker) from a job topic or dead letters."""
     from llmq.logging import configure_logging
-    from llmq.replay import (
-        JobFilters,
-        ReplayOptions,
-        ReplayUsageError,
-        parse_time,
-        run_replay_command,
-    )
+    from llmq.replay import JobFilters, ReplayOptions, run_replay_command
+    from llmq.replay_input import ReplayUsageError, parse_time
 
     configure_logging(json=False, level="WARNING")
     try:

@@ -12,8 +12,7 @@ Why each rule:
 - ``finished`` jobs are skipped (the done ledger says a terminal event was sent) unless
   ``--force``; ``expired`` ones always are (a worker drops a job past its deadline) unless
   ``--extend-deadline`` gives them a new one; a request id seen twice in the range (a job
-  re-queued after preemption) is sent once.
-- Nothing here logs a prompt or a completion: ids, offsets and counts only.
+  re-queued after preemption) is sent once. Nothing here logs prompts or completions.
 """
 
 from __future__ import annotations
@@ -25,13 +24,13 @@ import uuid
 from base64 import b64decode
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal, NamedTuple, Protocol, get_args
 
 import structlog
 import typer
 from pydantic import ValidationError
 
+from llmq.replay_input import ReplayUsageError, is_job_topic
 from schemas.messages import DeadLetter, InferenceJob, ReplayMarker
 from topics import catalog
 from topics.ports import JobQueue
@@ -73,31 +72,6 @@ class DoneLedger(Protocol):
     """The done ledger (`topics.ports.JobLedger`): only the question replay asks of it."""
 
     async def is_finished(self, request_id: str) -> bool: ...
-
-
-class ReplayUsageError(ValueError):
-    """The command line asks for something impossible (exit code 2)."""
-
-
-def parse_time(text: str) -> float:
-    """Epoch seconds from ``1767225600[.5]`` or ISO-8601 (a time without a zone is UTC).
-
-    Raises `ReplayUsageError`, a ValueError, so it serves as a typer option parser too."""
-    with contextlib.suppress(ValueError):
-        return float(text)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise ReplayUsageError(f"not epoch seconds or ISO-8601: {text!r}") from exc
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def is_job_topic(topic: str) -> bool:
-    """Whether `topic` is named like ``llmq.jobs.<pool>.<interactive|batch>``."""
-    pool, _, tier = topic.removeprefix("llmq.jobs.").rpartition(".")
-    return topic.startswith("llmq.jobs.") and bool(pool) and tier in catalog.PRIORITY_CLASSES
 
 
 @dataclass(frozen=True)
@@ -358,8 +332,10 @@ async def _run(options: ReplayOptions, bootstrap: str, redis_url: str) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from topics.counted_queue import CountedJobQueue
     from topics.kafka import KafkaJobQueue, KafkaProducer
     from topics.kafka_replay import KafkaTopicReader, ReplayReadError
+    from topics.redis_backlog import RedisBacklog
     from topics.redis_relay import RedisJobLedger
 
     reader = KafkaTopicReader(bootstrap)
@@ -372,12 +348,12 @@ async def _run(options: ReplayOptions, bootstrap: str, redis_url: str) -> int:
             stack.push_async_callback(redis.aclose)
             stack.push_async_callback(reader.stop)  # also closes a half-started client
             await reader.start()
-            queue: KafkaJobQueue | None = None
+            queue: CountedJobQueue | None = None
             if not options.dry_run:  # a dry run produces nothing
                 producer = KafkaProducer(bootstrap, client_id="llmq-replay")
                 stack.push_async_callback(producer.stop)
                 await producer.start()
-                queue = KafkaJobQueue(producer)
+                queue = CountedJobQueue(KafkaJobQueue(producer), RedisBacklog(redis))
             with Progress(*columns, console=Console(stderr=True)) as progress:
                 task = progress.add_task(f"scan {options.source_topic}", total=None)
                 replayer = Replayer(

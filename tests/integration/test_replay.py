@@ -23,9 +23,11 @@ from llmq.cli import app
 from llmq.replay import Replayer, ReplayOptions, ReplaySummary
 from schemas.messages import DeadLetter, InferenceJob, SamplingSettings
 from topics import catalog
+from topics.counted_queue import CountedJobQueue
 from topics.kafka import KafkaJobQueue, KafkaProducer
 from topics.kafka_replay import KafkaTopicReader
 from topics.ports import JobReceipt
+from topics.redis_backlog import RedisBacklog
 from topics.redis_relay import RedisJobLedger
 
 pytestmark = pytest.mark.integration
@@ -85,9 +87,8 @@ async def replay(bootstrap: str, redis: Redis, **options: Any) -> ReplaySummary:
         producer = KafkaProducer(bootstrap, client_id="test-replay")
         await producer.start()
         try:
-            replayer = Replayer(
-                ReplayOptions(**options), reader, KafkaJobQueue(producer), RedisJobLedger(redis)
-            )
+            queue = CountedJobQueue(KafkaJobQueue(producer), RedisBacklog(redis))  # as the command
+            replayer = Replayer(ReplayOptions(**options), reader, queue, RedisJobLedger(redis))
             return await replayer.run()
         finally:
             await producer.stop()
@@ -112,6 +113,8 @@ async def test_an_offset_range_replays_exactly_the_unfinished_jobs_once(
 
     expected = {ids[0][2], ids[0][3], ids[1][1], ids[1][3]}
     assert (summary.scanned, summary.sent, summary.skipped["finished"]) == (6, 4, 2)
+    # Counted into the admission backlog as the gateway counts its jobs (3 prompt tokens each).
+    assert await RedisBacklog(redis).queued(pool, "interactive") == 4 * 3
     records = await read_topic(kafka_bootstrap, topic)
     assert len(records) == 8 + 4
     found = replayed(records)

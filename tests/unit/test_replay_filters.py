@@ -25,9 +25,8 @@ from llmq.replay import (
     ReplayUsageError,
     SourceRecord,
     decode,
-    is_job_topic,
-    parse_time,
 )
+from llmq.replay_input import is_job_topic, parse_time
 from schemas.messages import BatchLineRef, DeadLetter, InferenceJob, SamplingSettings
 from topics import catalog
 from topics.ports import JobReceipt

@@ -1,0 +1,33 @@
+"""A job queue that counts what it produces into the admission backlog, as the gateway does.
+
+Admission predicts TTFT from the prompt tokens queued per pool; the gateway adds a job's
+tokens before producing it and the worker takes them off when the job starts. A producer
+other than the gateway (`llmq replay`) wraps its queue in `CountedJobQueue`, so its jobs are
+counted too instead of briefly hiding from admission (the worker's removal clamps at 0).
+"""
+
+from __future__ import annotations
+
+from schemas.messages import InferenceJob
+from topics.catalog import PriorityClass
+from topics.ports import JobQueue, JobReceipt, QueueBacklog
+
+
+class CountedJobQueue:
+    def __init__(self, queue: JobQueue, backlog: QueueBacklog) -> None:
+        self._queue = queue
+        self._backlog = backlog
+
+    async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
+        """Count the job's prompt tokens, then produce it; a failed produce uncounts them."""
+        tokens = len(job.prompt_token_ids)
+        tier: PriorityClass = job.tier
+        await self._backlog.add(job.pool, tier, tokens, job.team)
+        try:
+            return await self._queue.submit(job, partition=partition)
+        except BaseException:
+            await self._backlog.remove(job.pool, tier, tokens, job.team)
+            raise
+
+    async def partitions(self, pool: str, tier: PriorityClass) -> int:
+        return await self._queue.partitions(pool, tier)
