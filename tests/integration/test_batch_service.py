@@ -116,6 +116,24 @@ def result(batch: Batch, index: int, *, ok: bool = True) -> BatchResultEvent:
     return BatchResultEvent(error_code="engine_error", error_message="boom", **common)
 
 
+async def read_batch_jobs(bootstrap: str, pool: str, *, distinct: int) -> list[InferenceJob]:
+    """The pool's batch topic from the start, until ``distinct`` request ids have been read."""
+    consumer = AIOKafkaConsumer(
+        catalog.job_topic(pool, "batch"), bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        jobs: list[InferenceJob] = []
+        async with asyncio.timeout(15):
+            while len({j.request_id for j in jobs}) < distinct:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    jobs += [InferenceJob.model_validate_json(r.value or b"") for r in records]
+        return jobs
+    finally:
+        await consumer.stop()
+
+
 async def read_file(files: S3FileStore, file_id: str | None) -> list[dict[str, Any]]:
     assert file_id is not None
     return [json.loads(line) async for line in iter_lines(files.read(file_id)) if line]
@@ -239,19 +257,7 @@ async def test_fanout_validates_then_resumes_after_a_crash_without_skipping_a_li
     resumed = await store.get(batch.id)
     assert resumed is not None and resumed.cursor == 10
 
-    consumer = AIOKafkaConsumer(
-        catalog.job_topic(pool, "batch"), bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-    )  # fmt: skip
-    await consumer.start()
-    try:
-        jobs: list[InferenceJob] = []
-        async with asyncio.timeout(15):
-            while len({j.request_id for j in jobs}) < 10:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    jobs += [InferenceJob.model_validate_json(r.value or b"") for r in records]
-    finally:
-        await consumer.stop()
+    jobs = await read_batch_jobs(kafka_bootstrap, pool, distinct=10)
     lines = sorted(j.batch.line for j in jobs if j.batch is not None)
     # Every line once, except those of the chunk that was cut (6..8) which may come twice.
     assert sorted(set(lines)) == list(range(10))
@@ -320,19 +326,7 @@ async def test_fanout_reserves_each_lines_quota_and_waits_for_the_bucket(
     )  # fmt: skip
     await fanout.handle(batch.id)
 
-    consumer = AIOKafkaConsumer(
-        catalog.job_topic(pool, "batch"), bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-    )  # fmt: skip
-    await consumer.start()
-    try:
-        jobs: list[InferenceJob] = []
-        async with asyncio.timeout(15):
-            while len(jobs) < 6:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    jobs += [InferenceJob.model_validate_json(r.value or b"") for r in records]
-    finally:
-        await consumer.stop()
+    jobs = await read_batch_jobs(kafka_bootstrap, pool, distinct=6)
     assert len(jobs) == 6
     assert all(job.reserved_tokens == 512 and job.team_weight == 2.0 for job in jobs)
     # Three lines found the bucket full; each of the others waited for about 512 tokens of
