@@ -67,5 +67,32 @@ class GatewaySettings(BaseSettings):
     """Deadline of an interactive request, from arrival to its last token."""
     replica_refresh_s: float = 0.5
     """How often the gateway re-reads replica heartbeats."""
+    max_request_bytes: int | None = None
+    """Largest request body the API accepts outside file uploads (413 beyond, refused before
+    it is parsed, with or without a Content-Length). None: 1 MiB plus 32 bytes per token of
+    the largest `max_model_len` among the deployments (far above any tokenizer's average of
+    4-12 JSON bytes per token), so every request that can fit a context fits the limit."""
+    render_threads: int = 2
+    """Threads that parse large bodies, apply chat templates and tokenize, off the event loop;
+    more requests wait for a free thread (they cost their own latency, not everyone's)."""
+    header_timeout_s: float = 10.0
+    """A connection must deliver a request's line and headers within this many seconds of
+    opening (or of its previous response, on a kept-alive connection), else it is closed."""
+    body_timeout_s: float = 30.0
+    """A JSON request's whole body must arrive within this many seconds of its headers (408
+    otherwise); an upload is cut off when no byte of it arrives for this long."""
+    keep_alive_timeout_s: float = 5.0
+    """An idle kept-alive connection is closed after this many seconds."""
+    max_connections: int = 2048
+    """Open connections (and requests in progress) this process serves at once; beyond,
+    new requests get 503 (uvicorn's ``limit_concurrency``)."""
+    max_connections_per_client: int = 256
+    """Open connections from one client address; more are closed at once (0: no limit). Behind
+    a load balancer every client shares its address: raise this or set 0."""
+    auth_failures_allowed: int = 10
+    """Failed authentications one client address may make per `auth_failure_window_s`; beyond,
+    its requests get 429 until the window passes (per gateway process)."""
+    auth_failure_window_s: float = 60.0
+    """The window over which failed authentications are counted."""
     log_json: bool = False
     """JSON logs (production) instead of console logs (development)."""
