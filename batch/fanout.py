@@ -29,7 +29,7 @@ from batch.validation import (
 from schemas.batches import BatchError, BatchErrors
 from schemas.deployment import Deployment
 from schemas.messages import BatchLineRef, InferenceJob, sampling_settings
-from schemas.render import ChatRenderer
+from schemas.render import ChatRenderer, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, QueueBacklog
 
@@ -183,7 +183,10 @@ class BatchFanout:
 
     def _job(self, current: StoredBatch, deployment: Deployment, line: BatchLine) -> InferenceJob:
         batch = current.batch
-        prompt = self._renderer.render(deployment.name, line.body.messages)
+        try:
+            prompt = self._renderer.render(deployment.name, line.body.messages)
+        except PromptTooLong as exc:
+            raise LineError("context_length_exceeded", str(exc)) from exc
         room = deployment.max_model_len - len(prompt)
         max_tokens = line.body.output_limit or room
         if room <= 0 or len(prompt) + max_tokens > deployment.max_model_len:
@@ -207,6 +210,7 @@ class BatchFanout:
             deadline=float(batch.expires_at or now + 86_400),
             reply_to=catalog.RESULTS_TOPIC,
             batch=BatchLineRef(batch_id=batch.id, line=line.index, custom_id=line.custom_id),
+            cache_salt=deployment.cache_salt(current.team, line.body.cache_salt),
         )
 
     async def _finalize_if_done(self, batch_id: str) -> None:

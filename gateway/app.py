@@ -14,18 +14,22 @@ from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
 from gateway.auth import ApiKeyAuthenticator
 from gateway.errors import install_error_handlers
+from gateway.limits import BodyLimitMiddleware, default_max_request_bytes
 from gateway.metrics import GatewayMetrics
+from gateway.request_body import add_body_schemas
 from gateway.routers import batches, chat, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.batches import BatchesService
 from gateway.services.chat import ChatService
 from gateway.services.files import FilesService
 from gateway.services.intake import JobIntake
+from gateway.services.offload import ThreadOffload
 from gateway.services.quota import QuotaService
 from gateway.services.reconcile import UsageReconciler
 from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.routing import PartitionRouter
 from gateway.settings import GatewaySettings
+from schemas.chat import ChatCompletionRequest
 from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
@@ -62,6 +66,8 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         reconciler.start()
         await file_store.start()
         metrics = GatewayMetrics()
+        offload = ThreadOffload(settings.render_threads, name="llmq-render")
+        app.state.offload = offload
         intake = JobIntake(
             registry=registry,
             renderer=renderer or ChatRenderer.load(settings.deployments),
@@ -83,6 +89,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             else None,
             request_timeout_s=settings.request_timeout_s,
             produce_timeout_s=settings.produce_timeout_s,
+            offload=offload.run,
         )
         app.state.redis = redis
         app.state.producer = producer
@@ -105,6 +112,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         try:
             yield
         finally:
+            offload.close()
             await file_store.stop()
             await reconciler.stop()
             await usage.stop()
@@ -116,6 +124,13 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             log.info("gateway_stopped", gateway_id=settings.gateway_id)
 
     app = FastAPI(title="llmq", version="0.1.0", lifespan=lifespan)
+    max_bytes = settings.max_request_bytes or default_max_request_bytes(
+        d.max_model_len for d in settings.deployments
+    )
+    app.state.max_request_bytes = max_bytes
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=max_bytes, body_timeout_s=settings.body_timeout_s
+    )
     app.state.authenticator = ApiKeyAuthenticator(settings.api_keys, settings.teams)
     install_error_handlers(app)
     app.include_router(chat.router)
@@ -123,4 +138,5 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
+    add_body_schemas(app, [ChatCompletionRequest])
     return app

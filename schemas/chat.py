@@ -127,6 +127,9 @@ class ChatCompletionRequest(_Strict):
     n: int | None = 1
     response_format: ResponseFormat | None = None
     user: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    """vLLM's extension: requests share prefix-cache blocks only with requests carrying the same
+    salt. llmq already salts every request by team; a caller's salt narrows that further."""
     tier: Tier = "interactive"
 
     @field_validator("n")

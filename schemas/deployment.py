@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+import hashlib
+
+from pydantic import BaseModel, model_validator
+
+CACHE_SALT_VERSION = "v1"
+"""Bumped only to invalidate every team's cached prefixes at once."""
+
+
+def _salt(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in ("llmq-cache-salt", CACHE_SALT_VERSION, *parts):
+        data = part.encode()
+        digest.update(len(data).to_bytes(4, "big") + data)  # length-prefixed: no ambiguity
+    return digest.hexdigest()
 
 
 class Deployment(BaseModel):
@@ -18,3 +31,27 @@ class Deployment(BaseModel):
     """Prompt plus output tokens the engine accepts for one request."""
     ttft_slo_s: float = 1.0
     """Interactive requests whose predicted time to first token exceeds this get 429."""
+    shared_cache_teams: dict[str, list[str]] = {}
+    """Named sets of teams that share prefix-cache blocks on this model (set name -> teams),
+    for example one company-wide system prompt. Every team not listed has a cache of its own:
+    its requests never reuse, or reveal through `cached_tokens` or timing, another team's."""
+
+    @model_validator(mode="after")
+    def _each_team_in_one_set(self) -> Deployment:
+        seen: dict[str, str] = {}
+        for name, teams in self.shared_cache_teams.items():
+            for team in teams:
+                if team in seen and seen[team] != name:
+                    raise ValueError(
+                        f"team {team!r} is in two shared cache sets: {seen[team]!r}, {name!r}"
+                    )
+                seen[team] = name
+        return self
+
+    def cache_salt(self, team: str, client_salt: str | None = None) -> str:
+        """The prefix-cache salt of `team`'s requests: derived from the team (or its shared
+        set), never from a key. A caller's own `cache_salt` narrows it further (its requests
+        share blocks only with requests carrying the same one); it can never widen it."""
+        shared = next((n for n, teams in self.shared_cache_teams.items() if team in teams), None)
+        base = _salt("shared", shared) if shared is not None else _salt("team", team)
+        return base if client_salt is None else _salt("caller", base, client_salt)

@@ -117,6 +117,10 @@ class InferenceJob(Message):
     `BatchResultEvent` instead of token events."""
     replay: ReplayMarker | None = None
     """Set on jobs re-driven by `llmq replay` (incident recovery)."""
+    cache_salt: str | None = None
+    """Salts the engine's prefix-cache block hashes (vLLM's ``cache_salt``): jobs share cached
+    blocks only when their salts are equal. Derived from the team (`Deployment.cache_salt`),
+    so one team's cache never serves, or reveals, another team's prompt. Replays keep it."""
 
 
 class UsageCounts(BaseModel):

@@ -6,10 +6,35 @@ and send exactly the same tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas.chat import AssistantMessage, ChatMessage, ToolMessage, content_text
 from schemas.deployment import Deployment
+
+
+class PromptTooLong(ValueError):
+    """The messages cannot fit the model's context, known without tokenizing them."""
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """What bounds a prompt before it is tokenized: every message renders to at least one
+    token, and no token covers more than `max_token_chars` characters, so text longer than
+    ``max_prompt_tokens * max_token_chars`` characters cannot fit however it tokenizes."""
+
+    max_prompt_tokens: int
+    max_token_chars: int
+
+    @property
+    def max_chars(self) -> int:
+        return self.max_prompt_tokens * self.max_token_chars
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest entry (added and special tokens included):
+    an upper bound on the text one token can stand for."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
 class Tokenizer(Protocol):
@@ -32,19 +57,56 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+def _text_chars(message: ChatMessage) -> int:
+    chars = len(content_text(message.content))
+    if isinstance(message, AssistantMessage) and message.tool_calls:
+        chars += sum(len(c.function.arguments) + len(c.function.name) for c in message.tool_calls)
+    return chars
+
+
 class ChatRenderer:
     """Renders a conversation to token ids with the deployment's tokenizer."""
 
-    def __init__(self, tokenizers: dict[str, Tokenizer]) -> None:
+    def __init__(
+        self, tokenizers: dict[str, Tokenizer], limits: dict[str, RenderLimits] | None = None
+    ) -> None:
         self._tokenizers = tokenizers
+        self._limits = limits or {}
 
     @classmethod
     def load(cls, deployments: list[Deployment]) -> ChatRenderer:
         from transformers import AutoTokenizer
 
-        return cls({d.name: AutoTokenizer.from_pretrained(d.path) for d in deployments})
+        tokenizers: dict[str, Tokenizer] = {
+            d.name: AutoTokenizer.from_pretrained(d.path) for d in deployments
+        }
+        limits = {
+            d.name: RenderLimits(d.max_model_len, longest_token_chars(tokenizers[d.name]))
+            for d in deployments
+        }
+        return cls(tokenizers, limits)
+
+    def check_fits(self, model: str, messages: list[ChatMessage]) -> None:
+        """Refuse (`PromptTooLong`) what cannot fit the context, in time linear in the number
+        of messages: a hostile body costs no tokenizing."""
+        limits = self._limits.get(model)
+        if limits is None:
+            return
+        if len(messages) > limits.max_prompt_tokens:
+            raise PromptTooLong(
+                f"{len(messages)} messages cannot fit the model's context of "
+                f"{limits.max_prompt_tokens} tokens."
+            )
+        chars = sum(_text_chars(m) for m in messages)
+        if chars > limits.max_chars:
+            raise PromptTooLong(
+                f"The messages hold {chars} characters, more than can fit the model's "
+                f"context of {limits.max_prompt_tokens} tokens."
+            )
 
     def render(self, model: str, messages: list[ChatMessage]) -> list[int]:
+        """Token ids of the prompt; slow for long prompts (call it off the event loop)."""
+        self.check_fits(model, messages)
         tokenizer = self._tokenizers[model]
         text = tokenizer.apply_chat_template(
             template_messages(messages), tokenize=False, add_generation_prompt=True

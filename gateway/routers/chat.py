@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.auth import Team, current_team
+from gateway.request_body import JsonBody, json_body_openapi
 from gateway.services.chat import ActiveRequest, ChatService
 from schemas.chat import ChatCompletion, ChatCompletionRequest
 from schemas.errors import error_body
@@ -38,11 +39,15 @@ async def _sse(
     yield "data: [DONE]\n\n"
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    openapi_extra=json_body_openapi(ChatCompletionRequest),
+)
 async def create_chat_completion(
     request: Request,
-    body: ChatCompletionRequest,
     team: Annotated[Team, Depends(current_team)],
+    body: Annotated[ChatCompletionRequest, Depends(JsonBody(ChatCompletionRequest))],
     service: Annotated[ChatService, Depends(_service)],
 ) -> StreamingResponse | JSONResponse:
     active = await service.start(body, team)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -24,11 +26,14 @@ from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
 from schemas.messages import InferenceJob, sampling_settings
-from schemas.render import ChatRenderer
+from schemas.render import ChatRenderer, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
 
 log = structlog.get_logger()
+
+Offload = Callable[..., Awaitable[Any]]
+"""Runs a blocking callable off the event loop (`ThreadOffload.run`)."""
 
 
 def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:
@@ -39,6 +44,10 @@ def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:
         code=code,
         headers={"Retry-After": str(max(retry_after_s, 1))},
     )
+
+
+def context_length_exceeded(message: str) -> ApiError:
+    return ApiError(400, message, param="messages", code="context_length_exceeded")
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class JobIntake:
         router: PartitionRouter | None,
         request_timeout_s: float,
         produce_timeout_s: float = 5.0,
+        offload: Offload | None = None,
     ) -> None:
         self._registry = registry
         self._renderer = renderer
@@ -69,21 +79,19 @@ class JobIntake:
         self._router = router
         self._timeout_s = request_timeout_s
         self._produce_timeout_s = produce_timeout_s
+        self._offload = offload
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """Everything up to producing: refusals are raised as `ApiError`s."""
         deployment = self._registry.resolve(request.model)
-        prompt = self._renderer.render(deployment.name, request.messages)
+        prompt = await self._render(deployment.name, request)
         room = deployment.max_model_len - len(prompt)
         wanted = request.output_limit
         if room < 1 or (wanted is not None and wanted > room):
-            raise ApiError(
-                400,
+            raise context_length_exceeded(
                 f"This model's maximum context length is {deployment.max_model_len} tokens. "
                 f"However, you requested {len(prompt) + (wanted or 1)} tokens "
-                f"({len(prompt)} in the messages, {wanted or 1} in the completion).",
-                param="messages",
-                code="context_length_exceeded",
+                f"({len(prompt)} in the messages, {wanted or 1} in the completion)."
             )
         self._registry.require_ready(deployment)
         replicas = self._registry.replicas.ready(deployment.pool)
@@ -161,13 +169,14 @@ class JobIntake:
             created_at=now,
             deadline=now + self._timeout_s,
             reply_to=reply_to,
+            cache_salt=deployment.cache_salt(team.name, request.cache_salt),
         )
         if self._router is None:  # random routing: the broker's partitioner decides
             return AdmittedJob(job=job, partition=None)
         partitions = await self._queue.partitions(deployment.pool, request.tier)
         route = self._router.choose(
             pool=deployment.pool,
-            team=team.name,
+            salt=job.cache_salt or team.name,
             prompt_token_ids=prompt,
             adapter=None,
             partitions=partitions,
@@ -175,6 +184,18 @@ class JobIntake:
             topic=catalog.job_topic(deployment.pool, request.tier),
         )
         return AdmittedJob(job=job, partition=route.partition)
+
+    async def _render(self, model: str, request: ChatCompletionRequest) -> list[int]:
+        """The prompt's token ids, tokenized off the event loop; what cannot fit is refused
+        before any tokenizing."""
+        try:
+            self._renderer.check_fits(model, request.messages)
+            if self._offload is None:
+                return self._renderer.render(model, request.messages)
+            prompt: list[int] = await self._offload(self._renderer.render, model, request.messages)
+        except PromptTooLong as exc:
+            raise context_length_exceeded(str(exc)) from exc
+        return prompt
 
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
         """Queue the job: 503 if the broker refuses or does not acknowledge within

@@ -2,7 +2,8 @@
 
 Kafka gives each partition of a job topic to one worker of the pool, so choosing the partition
 chooses the worker. The preferred partition is a stable hash of the prompt's first blocks
-(salted per team, with the LoRA adapter hashed in), so requests sharing a prefix reach the
+(salted with the job's prefix-cache salt, so per team unless teams share a cache; with the
+LoRA adapter hashed in), so requests sharing a prefix reach the
 worker holding it in its prefix cache. Bounded load walks away from an overloaded owner.
 """
 
@@ -95,14 +96,17 @@ class PartitionRouter:
         return prompt_token_ids[: whole_blocks * self.block_size]
 
     def preferred_partition(
-        self, *, team: str, prompt_token_ids: Sequence[int], adapter: str | None, partitions: int
+        self, *, salt: str, prompt_token_ids: Sequence[int], adapter: str | None, partitions: int
     ) -> int:
-        """A stable hash (BLAKE2b, the same in every process) of team, prefix and adapter."""
+        """A stable hash (BLAKE2b, the same in every process) of salt, prefix and adapter.
+
+        The salt is the job's prefix-cache salt: requests that may share cached blocks (one
+        team, or teams sharing a cache) hash alike; others spread independently."""
         if partitions < 1:
             raise ValueError("a topic has at least one partition")
         digest = hashlib.blake2b(digest_size=8, person=b"llmq-route")
-        team_bytes = team.encode()
-        digest.update(struct.pack("<I", len(team_bytes)) + team_bytes)
+        salt_bytes = salt.encode()
+        digest.update(struct.pack("<I", len(salt_bytes)) + salt_bytes)
         prefix = self.affinity_prefix(prompt_token_ids)
         digest.update(struct.pack(f"<I{len(prefix)}I", len(prefix), *prefix))
         if adapter is not None:
@@ -113,7 +117,7 @@ class PartitionRouter:
         self,
         *,
         pool: str,
-        team: str,
+        salt: str,
         prompt_token_ids: Sequence[int],
         adapter: str | None,
         partitions: int,
@@ -122,7 +126,7 @@ class PartitionRouter:
     ) -> RouteDecision:
         """The partition for one job of `pool` on `topic`."""
         preferred = self.preferred_partition(
-            team=team, prompt_token_ids=prompt_token_ids, adapter=adapter, partitions=partitions
+            salt=salt, prompt_token_ids=prompt_token_ids, adapter=adapter, partitions=partitions
         )
         live = [r for r in replicas if r.pool == pool and _is_live(r)]
         owners = partition_owners(topic, partitions, live)

@@ -48,7 +48,7 @@ def choose(
 ) -> RouteDecision:
     return router.choose(
         pool="small",
-        team="search",
+        salt="search",
         prompt_token_ids=prompt,
         adapter=None,
         partitions=N,
@@ -59,17 +59,17 @@ def choose(
 
 def preferred(router: PartitionRouter, prompt: list[int], team: str = "search") -> int:
     return router.preferred_partition(
-        team=team, prompt_token_ids=prompt, adapter=None, partitions=N
+        salt=team, prompt_token_ids=prompt, adapter=None, partitions=N
     )
 
 
 def test_hash_is_stable_and_pinned() -> None:
     router = PartitionRouter()
     first = router.preferred_partition(
-        team="search", prompt_token_ids=SYSTEM, adapter=None, partitions=1024
+        salt="search", prompt_token_ids=SYSTEM, adapter=None, partitions=1024
     )
     again = PartitionRouter().preferred_partition(
-        team="search", prompt_token_ids=list(SYSTEM), adapter=None, partitions=1024
+        salt="search", prompt_token_ids=list(SYSTEM), adapter=None, partitions=1024
     )
     assert first == again == 627  # pinned: a change here moves every team's prefix cache
 
@@ -97,16 +97,16 @@ def test_team_salt_and_adapter_change_the_route() -> None:
     assert len(by_team) > N // 2
     by_adapter = {
         router.preferred_partition(
-            team="search", prompt_token_ids=SYSTEM, adapter=f"lora-{i}", partitions=N
+            salt="search", prompt_token_ids=SYSTEM, adapter=f"lora-{i}", partitions=N
         )
         for i in range(64)
     }
     assert len(by_adapter) > N // 2
     with_adapter = router.preferred_partition(
-        team="search", prompt_token_ids=SYSTEM, adapter="lora-0", partitions=N
+        salt="search", prompt_token_ids=SYSTEM, adapter="lora-0", partitions=N
     )
     assert with_adapter == router.preferred_partition(
-        team="search", prompt_token_ids=SYSTEM, adapter="lora-0", partitions=N
+        salt="search", prompt_token_ids=SYSTEM, adapter="lora-0", partitions=N
     )
 
 
@@ -231,7 +231,7 @@ def test_invalid_configuration_is_refused() -> None:
         PartitionRouter(load_factor=0.5)
     with pytest.raises(ValueError):
         PartitionRouter().preferred_partition(
-            team="t", prompt_token_ids=[1], adapter=None, partitions=0
+            salt="t", prompt_token_ids=[1], adapter=None, partitions=0
         )
 
 

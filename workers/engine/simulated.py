@@ -310,7 +310,7 @@ class SimulatedGpuEngine:
         """Stream one job: one placeholder token per step; closing the iterator aborts it."""
         if self._task is None:
             raise RuntimeError("engine not started")
-        salt = job.adapter
+        salt = (job.adapter, job.cache_salt)  # as in vLLM: both are part of the block hash
         priority = TIER_PRIORITY.get(job.tier, 0)
         max_tokens = job.sampling.max_tokens
         seq = self.submit(job.request_id, job.prompt_token_ids, max_tokens, priority, salt)

@@ -200,6 +200,8 @@ class VllmEngine:
         except VLLMClientError as exc:
             raise EngineRequestError(str(exc)) from exc
         prompt = TokensPrompt(prompt_token_ids=list(job.prompt_token_ids))
+        if job.cache_salt is not None:
+            prompt["cache_salt"] = job.cache_salt  # only same-salt requests share cached blocks
         request_id = job.request_id
         self._in_flight[request_id] += 1
         finished = False
