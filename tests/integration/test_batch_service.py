@@ -266,6 +266,8 @@ async def test_fanout_validates_then_resumes_after_a_crash_without_skipping_a_li
     assert job.tier == "batch" and job.reply_to == catalog.RESULTS_TOPIC
     assert job.batch is not None and job.batch.custom_id == "req-0"
     assert job.deadline == batch.expires_at
+    # the team's interactive requests carry this salt too: a batch shares its team's cache
+    assert job.cache_salt == deployment.cache_salt("team-a") != deployment.cache_salt("team-b")
 
 
 async def test_invalid_file_fails_the_batch_with_line_numbers(

@@ -40,7 +40,7 @@ def make_job(pool: str, request_id: str, **fields: Any) -> InferenceJob:
     values: dict[str, Any] = dict(
         request_id=request_id, team="t", model="m", pool=pool, prompt_token_ids=(1, 2, 3),
         sampling=SamplingSettings(max_tokens=3), created_at=time.time(),
-        deadline=time.time() + 3600, reply_to="llmq:reply:test",
+        deadline=time.time() + 3600, reply_to="llmq:reply:test", cache_salt=f"salt-{request_id}",
     )  # fmt: skip
     values.update(fields)
     return InferenceJob(**values)
@@ -125,6 +125,7 @@ async def test_an_offset_range_replays_exactly_the_unfinished_jobs_once(
         assert partition == source.partition == job.replay.source_partition
         assert (job.replay.source_topic, job.replay.source_offset) == (topic, source.offset)
         assert not job.replay.force
+        assert job.cache_salt == f"salt-{rid}"  # a replay shares its team's prefix cache
 
     for rid in expected:  # the workers ran the replayed jobs
         await ledger.mark_finished(rid)

@@ -309,3 +309,14 @@ async def test_a_broker_that_never_acknowledges_gets_a_quick_503_and_nothing_is_
     job = queue.jobs[0]
     assert cancels.cancelled == [job.request_id]  # if the job reaches the broker later: dropped
     assert await backlog.queued("p", "interactive") == 0  # nothing left queued for admission
+
+
+async def test_jobs_carry_their_teams_cache_salt() -> None:
+    service, _, _ = await _service()
+    deployment = Deployment(name="m", path="/none", pool="p", max_model_len=20)
+    a = (await service.start(_req(), Team("a"))).job
+    b = (await service.start(_req(), Team("b"))).job
+    narrowed = (await service.start(_req(cache_salt="mine"), Team("a"))).job
+    assert a.cache_salt == deployment.cache_salt("a")
+    assert b.cache_salt == deployment.cache_salt("b") != a.cache_salt
+    assert narrowed.cache_salt == deployment.cache_salt("a", "mine")

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from schemas.chat import ChatCompletionRequest
-from schemas.render import ChatRenderer, template_messages
+from schemas.render import (
+    ChatRenderer,
+    PromptTooLong,
+    RenderLimits,
+    longest_token_chars,
+    template_messages,
+)
 
 
 class RecordingTokenizer:
@@ -54,3 +62,38 @@ def test_render_uses_the_models_template_with_a_generation_prompt() -> None:
     ids = renderer.render("m", _messages({"role": "user", "content": "hi"}).messages)
     assert "".join(chr(i) for i in ids) == "user: hi\nassistant:"
     assert tok.kwargs == {"tokenize": False, "add_generation_prompt": True}
+
+
+class NeverTokenizes(RecordingTokenizer):
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        raise AssertionError("a prompt that cannot fit was tokenized")
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"a": 0, "abcd": 1, "<|im_start|>": 2}
+
+
+def test_prompts_that_cannot_fit_are_refused_before_tokenizing() -> None:
+    tok = NeverTokenizes()
+    limits = RenderLimits(max_prompt_tokens=10, max_token_chars=longest_token_chars(tok))
+    assert limits.max_chars == 120  # the longest entry, the special token, has 12 characters
+    renderer = ChatRenderer({"m": tok}, {"m": limits})
+    too_many = [{"role": "user", "content": "a"}] * 11
+    with pytest.raises(PromptTooLong, match="11 messages"):
+        renderer.render("m", _messages(*too_many).messages)
+    with pytest.raises(PromptTooLong, match="121 characters"):
+        renderer.render("m", _messages({"role": "user", "content": "x" * 121}).messages)
+    tool_args = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "y" * 120}}
+        ],
+    }
+    with pytest.raises(PromptTooLong):
+        renderer.render("m", _messages(tool_args).messages)
+
+
+def test_prompts_within_the_bound_are_tokenized() -> None:
+    tok = RecordingTokenizer()
+    renderer = ChatRenderer({"m": tok}, {"m": RenderLimits(10, 12)})
+    ids = renderer.render("m", _messages({"role": "user", "content": "x" * 120}).messages)
+    assert len(ids) > 120  # this tokenizer's tokens are single characters: it was tokenized
