@@ -16,6 +16,7 @@ A body that passed is handed to the application unchanged, as one message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +33,11 @@ DEFAULT_OVERHEAD_BYTES = 1024**2
 BYTES_PER_TOKEN_BOUND = 32
 """JSON bytes per prompt token that no real request exceeds on average: English text is
 about 4, other scripts and escaped characters up to about 12."""
+
+LINGER_S = 1.0
+"""How long a refused body is still read (and dropped) so its client can read the answer."""
+LINGER_BYTES_FACTOR = 4
+"""...and at most this many times the limit of it."""
 
 
 def default_max_request_bytes(max_model_lens: Iterable[int]) -> int:
@@ -76,18 +82,15 @@ class BodyLimitMiddleware:
             async with asyncio.timeout(self.body_timeout_s):
                 body, rest = await self._read(receive)
         except _Refused as refused:
-            await self._refuse(scope, send, refused)
+            await self._refuse(scope, receive, send, refused)
             return
         except TimeoutError:
-            await self._refuse(
-                scope,
-                send,
-                _Refused(
-                    408,
-                    f"The request body did not arrive within {self.body_timeout_s:g}s.",
-                    "request_timeout",
-                ),
+            timed_out = _Refused(
+                408,
+                f"The request body did not arrive within {self.body_timeout_s:g}s.",
+                "request_timeout",
             )
+            await self._refuse(scope, receive, send, timed_out)
             return
         if rest is not None:  # the client left mid-body: the app sees the disconnect
             await self.app(scope, _replay([rest]), send)
@@ -132,8 +135,11 @@ class BodyLimitMiddleware:
             "request_too_large",
         )
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, refused: _Refused) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, refused: _Refused) -> None:
+        """Answer in OpenAI's format, then close. Before the response ends, whatever the client
+        is still sending is read and dropped for a moment (a lingering close, bounded in time
+        and bytes): closing on unread data resets the connection, and a client still writing
+        its body would lose the answer with it."""
         client = scope.get("client")
         log.info(
             "request_body_refused",
@@ -156,7 +162,19 @@ class BodyLimitMiddleware:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": payload})
+        await send({"type": "http.response.body", "body": payload, "more_body": True})
+        await self._discard(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _discard(self, receive: Receive) -> None:
+        budget = LINGER_BYTES_FACTOR * self.max_bytes
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                while budget > 0:
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body"):
+                        return
+                    budget -= len(message.get("body", b""))
 
 
 def _content_length(scope: Scope) -> int | None:
