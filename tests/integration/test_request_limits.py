@@ -73,7 +73,8 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, object
 
 def _head(path: str, **headers: str) -> bytes:
     extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n{extra}\r\n".encode()
+    start = f"POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+    return f"{start}{extra}\r\n".encode()
 
 
 async def test_a_declared_length_over_the_limit_is_refused_before_any_body(
