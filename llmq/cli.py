@@ -46,21 +46,14 @@ DEFAULT_API_KEY = "sk-llmq-dev"
 @app.command()
 def gateway() -> None:
     """Run the gateway (configured by LLMQ_* environment variables)."""
-    import uvicorn
-
     from gateway.app import create_app
+    from gateway.server import serve
     from gateway.settings import GatewaySettings
     from llmq.logging import configure_logging
 
     settings = GatewaySettings()
     configure_logging(settings.log_json)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=10,
-    )
+    serve(create_app(settings), settings)
 
 
 @app.command()
