@@ -26,6 +26,7 @@ from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
 from batch.settings import BatchSettings
 from batch.state_port import BatchStore
+from llmq.heap import freeze_startup_heap
 from llmq.probes import ProbeServer
 from schemas.messages import BatchCreatedEvent
 from schemas.render import ChatRenderer
@@ -144,6 +145,7 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     probes = _probe_server(settings, tasks, redis)
     if probes is not None:
         await probes.start()
+    freeze_startup_heap()
     log.info("batch_service_started", service_id=client_id)
     try:
         stopped = asyncio.create_task(stop.wait())

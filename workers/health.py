@@ -5,7 +5,10 @@ wedged NCCL collective or a deadlocked engine keeps heartbeating while every str
 stalls. So the worker asks the engine itself:
 
 - the probe runs a one-token generation on a fixed prompt every `interval_s`, with a deadline;
-  `failures_allowed` failures in a row make the worker unhealthy;
+  `failures_allowed` failures in a row make the worker unhealthy. It is skipped while real jobs
+  produced tokens within the interval: they already prove the engine runs, and a probe's
+  prefill stalls their streams (on the CPU engine every running stream paused 260-330 ms at
+  each probe, every 5 s);
 - the watchdog notices when the engine holds jobs but has produced nothing for `stall_s`
   (normal steps take tens of milliseconds on a GPU, under a second on this CPU).
 
@@ -75,6 +78,9 @@ class EngineHealth:
         failures = 0
         while True:
             await asyncio.sleep(self._interval_s)
+            if self.busy_and_progressing():
+                failures = 0
+                continue
             error = await self.probe()
             if error is None:
                 failures = 0
@@ -83,6 +89,12 @@ class EngineHealth:
             log.warning("health_probe_failed", error=error, failures=failures)
             if failures >= self._failures_allowed:
                 return f"probe failed {failures} times in a row ({error})"
+
+    def busy_and_progressing(self) -> bool:
+        """Whether held jobs produced output within the last interval (a stall is the
+        watchdog's business)."""
+        silent = self._load.silent_for()
+        return silent is not None and silent < self._interval_s
 
     async def probe(self) -> str | None:
         """One one-token generation under the deadline: None if it answered, else why not."""

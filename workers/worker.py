@@ -7,6 +7,7 @@ import contextlib
 
 import structlog
 
+from llmq.heap import freeze_startup_heap
 from llmq.probes import ProbeServer
 from topics.kafka import (
     KafkaDeadLetterSink,
@@ -88,6 +89,7 @@ class Worker:
             await self.engine.start()
             heartbeat.engine = self.engine
             await consumer.start()
+            freeze_startup_heap()  # vLLM and torch: keep full GC passes off token streams
             cancels = RedisCancelBus(redis)
             load = LoadTracker()
             dead_letters = KafkaDeadLetterSink(producer)
