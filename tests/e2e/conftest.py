@@ -24,6 +24,10 @@ POOL = "tiny"
 API_KEY = "sk-e2e-test"
 SMALL_TEAM_KEY = "sk-e2e-small-team"
 SMALL_TEAM_TOKENS_PER_MINUTE = 200
+TEAM_KEYS = {"team-a": "sk-e2e-team-a", "team-b": "sk-e2e-team-b",
+             "team-c": "sk-e2e-team-c", "team-d": "sk-e2e-team-d"}  # fmt: skip
+"""Teams for isolation tests: a and b have caches of their own, c and d share one on MODEL."""
+SHARED_CACHE_TEAMS = {"company": ["team-c", "team-d"]}
 STRICT_MODEL = "tiny-llama-strict"
 """The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
 MAX_MODEL_LEN = 2048
@@ -134,6 +138,7 @@ def stack(
                     "path": str(model_path),
                     "pool": POOL,
                     "max_model_len": MAX_MODEL_LEN,
+                    "shared_cache_teams": SHARED_CACHE_TEAMS,
                 },
                 {
                     "name": STRICT_MODEL,
@@ -153,7 +158,7 @@ def stack(
         "LLMQ_S3_ENDPOINT_URL": s3_endpoint,
         "LLMQ_S3_BUCKET": "llmq-e2e",
         **S3_CREDENTIALS,
-        "LLMQ_API_KEYS": json.dumps({API_KEY: "e2e"}),
+        "LLMQ_API_KEYS": json.dumps({API_KEY: "e2e", **{k: t for t, k in TEAM_KEYS.items()}}),
         "LLMQ_TEAMS": json.dumps(
             {
                 "small": {
