@@ -6,6 +6,7 @@ and send exactly the same tokens.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -75,6 +76,10 @@ class ChatRenderer:
 
     @classmethod
     def load(cls, deployments: list[Deployment]) -> ChatRenderer:
+        # One prompt is tokenized on one thread: the caller's thread pool bounds how much CPU
+        # tokenizing takes. Left on, Hugging Face tokenizers spreads one long prompt over every
+        # core, so one hostile request slows every process on the machine.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
         from transformers import AutoTokenizer
 
         tokenizers: dict[str, Tokenizer] = {

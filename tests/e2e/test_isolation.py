@@ -1,11 +1,11 @@
 """Hostile input on the real stack: one team's prompts never show in another team's cache, and
-large or oversized bodies neither stall other streams nor leave memory behind."""
+large or oversized bodies leave no memory behind (that they do not stall other streams is
+measured in tests/integration/test_hostile_bodies.py, beside a steady worker: the CPU
+engine's own step jitter would hide the 50 ms it allows)."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,14 +16,13 @@ import openai
 import pytest
 
 from gateway.limits import default_max_request_bytes
+from llmq.modelbuild import ensure_model
 from tests.e2e.conftest import MAX_MODEL_LEN, TEAM_KEYS, Stack
 
 pytestmark = pytest.mark.e2e
 
 LIMIT = default_max_request_bytes([MAX_MODEL_LEN])
 """The gateway's body limit: every deployment of the stack has MAX_MODEL_LEN."""
-GAP_BUDGET_S = 0.05
-"""What hostile bodies may add to a running stream's largest inter-token gap."""
 
 
 def _system_prompt() -> str:
@@ -76,7 +75,23 @@ def _body_of_size(size: int, messages: int = 1) -> bytes:
     return body
 
 
+def _longest_tokenized_body() -> bytes:
+    """The most tokenizer work a body can ask for: CJK text just within the characters that
+    could fit the context (so it is tokenized: 400 only once counted), as JSON escapes."""
+    from transformers import AutoTokenizer
+
+    from schemas.render import longest_token_chars
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model("tiny-llama")))
+    chars = MAX_MODEL_LEN * longest_token_chars(tokenizer)
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "中" * chars}]}
+    encoded = json.dumps(body).encode()
+    assert len(encoded) <= LIMIT
+    return encoded
+
+
 HOSTILE = [
+    (_longest_tokenized_body(), 400),  # tokenized in full (on a thread), then refused
     (_body_of_size(LIMIT), 400),  # one long message: refused before tokenizing
     (_body_of_size(LIMIT, messages=MAX_MODEL_LEN), 400),  # thousands of messages to validate
     (_body_of_size(LIMIT + 1), 413),  # over the limit: refused before parsing
@@ -100,76 +115,6 @@ def _send_hostile(stack: Stack, rounds: int) -> list[tuple[int, str]]:
     return answers
 
 
-def _token_times(stack: Stack, seed: int, first_token: threading.Event) -> list[float]:
-    """Arrival time of every content chunk of one long stream."""
-    times: list[float] = []
-    body = {
-        "model": stack.model,
-        "messages": [{"role": "user", "content": "Tell me a very long story."}],
-        "max_tokens": 1500,
-        "seed": seed,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {stack.api_key}"}
-    url = f"{stack.base_url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                times.append(time.monotonic())
-                first_token.set()
-    return times
-
-
-def _largest_gap(times: list[float], start: float = 0.0, end: float = float("inf")) -> float:
-    """The largest gap between consecutive tokens whose interval overlaps [start, end]."""
-    gaps = [b - a for a, b in itertools.pairwise(times) if b >= start and a <= end]
-    return max(gaps, default=0.0)
-
-
-def _stream_beside_hostile_bodies(
-    stack: Stack, seed: int
-) -> tuple[list[float], tuple[float, float], list[tuple[int, str]]]:
-    """One long stream; once its first token arrived, another thread sends the hostile
-    bodies twice. Token times, the hostile window, and the hostile answers."""
-    first_token = threading.Event()
-    window: list[float] = []
-    answers: list[tuple[int, str]] = []
-
-    def hostile() -> None:
-        first_token.wait(timeout=30)
-        window.append(time.monotonic())
-        answers.extend(_send_hostile(stack, rounds=2))
-        window.append(time.monotonic())
-
-    sender = threading.Thread(target=hostile)
-    sender.start()
-    times = _token_times(stack, seed, first_token)
-    sender.join()
-    return times, (window[0], window[1]), answers
-
-
-def test_large_and_oversized_bodies_do_not_stall_a_running_stream(stack: Stack) -> None:
-    for seed in range(8):  # a random model may end a stream early: try until one outlasts
-        baseline = _token_times(stack, seed, threading.Event())
-        during, window, answers = _stream_beside_hostile_bodies(stack, seed)
-        if len(baseline) < 50 or not during or during[-1] < window[1]:
-            continue  # the stream ended before the hostile bodies were all answered
-        assert [status for status, _ in answers] == [expected for _, expected in HOSTILE] * 2
-        assert {code for status, code in answers if status == 400} == {"context_length_exceeded"}
-        assert {code for status, code in answers if status == 413} == {"request_too_large"}
-        calm, stressed = _largest_gap(baseline), _largest_gap(during, *window)
-        print(f"largest inter-token gap: alone {calm * 1000:.1f} ms, beside hostile bodies "
-              f"{stressed * 1000:.1f} ms ({len(during)} tokens, window "
-              f"{(window[1] - window[0]) * 1000:.0f} ms)")  # fmt: skip
-        assert stressed <= calm + GAP_BUDGET_S
-        return
-    pytest.fail("no stream outlasted the hostile requests")
-
-
 def _rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -180,8 +125,8 @@ def _rss_bytes(pid: int) -> int:
 def test_maximal_refused_requests_leave_no_memory_behind(stack: Stack) -> None:
     pid = stack.processes.running["gateway"].pid
     before = _rss_bytes(pid)
-    answers = _send_hostile(stack, rounds=7)  # 21 maximal bodies, every one refused
+    answers = _send_hostile(stack, rounds=5)  # 20 maximal bodies, every one refused
     after = _rss_bytes(pid)
     print(f"gateway RSS {before / 2**20:.0f} MiB -> {after / 2**20:.0f} MiB")
-    assert len(answers) == 21 and all(status in (400, 413) for status, _ in answers)
+    assert len(answers) == 20 and all(status in (400, 413) for status, _ in answers)
     assert after - before <= 100 * 2**20
