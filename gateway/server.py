@@ -24,7 +24,7 @@ import asyncio
 import importlib.util
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 import structlog
 import uvicorn
@@ -150,25 +150,35 @@ class ConnectionGuard:
         self._transport.close()
 
 
+class _Guarded(asyncio.Protocol):
+    """What both guarded protocols add to uvicorn's; mixed in before uvicorn's class, whose
+    ``loop`` and ``client`` it reads. ``limits`` is bound per server by `protocol_class`."""
+
+    limits: ClassVar[ConnectionLimits]
+    guard: ConnectionGuard
+    loop: asyncio.AbstractEventLoop
+    client: tuple[str, int] | None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.guard = ConnectionGuard(
+            self.limits, self.loop, cast(asyncio.Transport, transport), self.client
+        )
+        self.guard.admit()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.release()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.guard.bytes_received()
+        super().data_received(data)
+
+
 def _httptools_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        guard: ConnectionGuard
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.guard = ConnectionGuard(limits, self.loop, transport, self.client)
-            self.guard.admit()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self.guard.release()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self.guard.bytes_received()
-            super().data_received(data)
-
+    class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         def on_headers_complete(self) -> None:
             self.guard.headers_complete()
             super().on_headers_complete()
@@ -179,28 +189,14 @@ def _httptools_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 self.guard.await_headers()
             super().on_response_complete()
 
+    GuardedHttpToolsProtocol.limits = limits
     return GuardedHttpToolsProtocol
 
 
 def _h11_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class GuardedH11Protocol(H11Protocol):
-        guard: ConnectionGuard
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.guard = ConnectionGuard(limits, self.loop, transport, self.client)
-            self.guard.admit()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self.guard.release()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self.guard.bytes_received()
-            super().data_received(data)
-
+    class GuardedH11Protocol(_Guarded, H11Protocol):
         def handle_events(self) -> None:
             # h11 has no headers-complete callback: a new request cycle means headers are in.
             cycle = self.cycle
@@ -213,6 +209,7 @@ def _h11_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self.guard.await_headers()
             super().on_response_complete()
 
+    GuardedH11Protocol.limits = limits
     return GuardedH11Protocol
 
 

@@ -5,24 +5,18 @@ engine's own step jitter would hide the 50 ms it allows)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from gateway.limits import default_max_request_bytes
-from llmq.modelbuild import ensure_model
 from tests.e2e.conftest import MAX_MODEL_LEN, TEAM_KEYS, Stack
+from tests.hostile_bodies import hostile_bodies
 
 pytestmark = pytest.mark.e2e
-
-LIMIT = default_max_request_bytes([MAX_MODEL_LEN])
-"""The gateway's body limit: every deployment of the stack has MAX_MODEL_LEN."""
 
 
 def _system_prompt() -> str:
@@ -60,51 +54,20 @@ def test_teams_in_a_shared_set_share_cached_prefixes(stack: Stack) -> None:
 # --- large and oversized bodies -----------------------------------------------------------------
 
 
-def _body_of_size(size: int, messages: int = 1) -> bytes:
-    """A chat request of exactly `size` bytes: `messages` user messages padded with text."""
-    base: dict[str, Any] = {
-        "model": "tiny-llama",
-        "messages": [{"role": "user", "content": ""} for _ in range(messages)],
-        "max_tokens": 1,
-    }
-    pad = size - len(json.dumps(base).encode())
-    for i, message in enumerate(base["messages"]):
-        message["content"] = "a" * (pad // messages + (pad % messages if i == 0 else 0))
-    body = json.dumps(base).encode()
-    assert len(body) == size
-    return body
+@pytest.fixture(scope="module")
+def hostile(stack: Stack) -> list[tuple[bytes, int]]:
+    return hostile_bodies(stack.model, stack.model_path, MAX_MODEL_LEN)
 
 
-def _longest_tokenized_body() -> bytes:
-    """The most tokenizer work a body can ask for: CJK text just within the characters that
-    could fit the context (so it is tokenized: 400 only once counted), as JSON escapes."""
-    from transformers import AutoTokenizer
-
-    from schemas.render import longest_token_chars
-
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model("tiny-llama")))
-    chars = MAX_MODEL_LEN * longest_token_chars(tokenizer)
-    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "中" * chars}]}
-    encoded = json.dumps(body).encode()
-    assert len(encoded) <= LIMIT
-    return encoded
-
-
-HOSTILE = [
-    (_longest_tokenized_body(), 400),  # tokenized in full (on a thread), then refused
-    (_body_of_size(LIMIT), 400),  # one long message: refused before tokenizing
-    (_body_of_size(LIMIT, messages=MAX_MODEL_LEN), 400),  # thousands of messages to validate
-    (_body_of_size(LIMIT + 1), 413),  # over the limit: refused before parsing
-]
-
-
-def _send_hostile(stack: Stack, rounds: int) -> list[tuple[int, str]]:
+def _send_hostile(
+    stack: Stack, hostile: list[tuple[bytes, int]], rounds: int
+) -> list[tuple[int, str]]:
     """Each hostile body `rounds` times; (status, error code) of every answer."""
     answers = []
     headers = {"Authorization": f"Bearer {stack.api_key}", "Content-Type": "application/json"}
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
         for _ in range(rounds):
-            for body, _expected in HOSTILE:
+            for body, _expected in hostile:
                 t0 = time.monotonic()
                 response = client.post("/v1/chat/completions", content=body, headers=headers)
                 took_ms = (time.monotonic() - t0) * 1000
@@ -122,10 +85,12 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_maximal_refused_requests_leave_no_memory_behind(stack: Stack) -> None:
+def test_maximal_refused_requests_leave_no_memory_behind(
+    stack: Stack, hostile: list[tuple[bytes, int]]
+) -> None:
     pid = stack.processes.running["gateway"].pid
     before = _rss_bytes(pid)
-    answers = _send_hostile(stack, rounds=5)  # 20 maximal bodies, every one refused
+    answers = _send_hostile(stack, hostile, rounds=5)  # 20 maximal bodies, every one refused
     after = _rss_bytes(pid)
     print(f"gateway RSS {before / 2**20:.0f} MiB -> {after / 2**20:.0f} MiB")
     assert len(answers) == 20 and all(status in (400, 413) for status, _ in answers)

@@ -13,22 +13,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from gateway.limits import default_max_request_bytes
 from llmq import services, starters
 from llmq.modelbuild import ensure_model
-from schemas.render import longest_token_chars
+from tests.hostile_bodies import hostile_bodies
 from topics.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 
 MODEL, POOL, KEY = "tiny-llama", "hostile", "sk-hostile-test"
 MAX_MODEL_LEN = 2048
-LIMIT = default_max_request_bytes([MAX_MODEL_LEN])
 STEP_S, TOKENS = 0.01, 300
 """The worker's clockwork: a 3 s stream, one token every 10 ms."""
 GAP_BUDGET_S = 0.05
@@ -84,40 +81,9 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **extra, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
-def _body_of_size(size: int, messages: int = 1) -> bytes:
-    """A chat request of exactly `size` bytes: `messages` user messages padded with text."""
-    base: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": ""} for _ in range(messages)],
-        "max_tokens": 1,
-    }
-    pad = size - len(json.dumps(base).encode())
-    for i, message in enumerate(base["messages"]):
-        message["content"] = "a" * (pad // messages + (pad % messages if i == 0 else 0))
-    body = json.dumps(base).encode()
-    assert len(body) == size
-    return body
-
-
-def _longest_tokenized_body() -> bytes:
-    """The most tokenizer work a body can ask for: CJK text just within the characters that
-    could fit the context (so it is tokenized, then refused), as JSON escapes."""
-    from transformers import AutoTokenizer
-
-    chars = MAX_MODEL_LEN * longest_token_chars(AutoTokenizer.from_pretrained(ensure_model(MODEL)))
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "中" * chars}]})
-    assert len(body) <= LIMIT
-    return body.encode()
-
-
 @pytest.fixture(scope="module")
-def hostile_bodies() -> list[tuple[bytes, int]]:
-    return [
-        (_longest_tokenized_body(), 400),  # tokenized in full, on a thread, then refused
-        (_body_of_size(LIMIT), 400),  # one long message: refused before tokenizing
-        (_body_of_size(LIMIT, messages=MAX_MODEL_LEN), 400),  # thousands of messages
-        (_body_of_size(LIMIT + 1), 413),  # over the limit: refused before parsing
-    ]
+def hostile() -> list[tuple[bytes, int]]:
+    return hostile_bodies(MODEL, ensure_model(MODEL), MAX_MODEL_LEN)
 
 
 def _token_times(url: str, first_token: threading.Event) -> list[float]:
@@ -167,13 +133,13 @@ def _beside_hostile(
 
 
 def test_hostile_bodies_add_at_most_50ms_to_a_running_streams_largest_gap(
-    gateway_url: str, hostile_bodies: list[tuple[bytes, int]]
+    gateway_url: str, hostile: list[tuple[bytes, int]]
 ) -> None:
     _token_times(gateway_url, threading.Event())  # warm-up: connections, first-use costs
     calm, stressed = [], []
     for _ in range(ROUNDS):  # alternating, so drift on the machine hits both alike
         calm.append(_largest_gap(_token_times(gateway_url, threading.Event())))
-        times, window, answers = _beside_hostile(gateway_url, hostile_bodies)
+        times, window, answers = _beside_hostile(gateway_url, hostile)
         assert [got for got, _ in answers] == [expected for _, expected in answers]
         assert times[-1] > window[1]  # the stream outlasted the hostile requests
         stressed.append(_largest_gap(times, *window))
