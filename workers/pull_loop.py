@@ -117,6 +117,8 @@ class PullLoop:
         entry = self._running.get(request_id)
         if entry is None:
             return False
+        if request_id in self._cancelled_by_client:
+            return True  # a repeated cancel must not interrupt the job recording its end
         if not self._runner.cancelled_by_client(request_id):
             return False
         self._cancelled_by_client.add(request_id)

@@ -107,21 +107,30 @@ class JobRunner:
         Raises `RunFailed` when the engine raised before the caller saw a token: the job is
         re-queued (and dead-lettered once its runs have failed `max_failed_runs` times)."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
-        # The job leaves the queue now (admission counts queued prompt tokens per pool).
-        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
-        forced = job.replay is not None and job.replay.force
-        if not forced and await self._ledger.is_finished(job.request_id):
-            bound.info("job_skipped_finished")
-            return JobOutcome("duplicate", UsageCounts())
-        key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
-        earlier = await self._attempts.begin(key)
-        delivered = earlier.delivered
-        if await self._cancels.is_cancelled(job.request_id):
-            await self._finished(job, "cancelled", delivered, time.time())
-            return JobOutcome("cancelled", delivered)
-        ended = await self._ended_before_running(job, earlier, origin)
-        if ended is not None:
-            return ended
+        delivered = UsageCounts()
+        try:
+            # The job leaves the queue now (admission counts queued prompt tokens per pool).
+            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+            forced = job.replay is not None and job.replay.force
+            if not forced and await self._ledger.is_finished(job.request_id):
+                bound.info("job_skipped_finished")
+                return JobOutcome("duplicate", UsageCounts())
+            key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
+            earlier = await self._attempts.begin(key)
+            delivered = earlier.delivered
+            if await self._cancels.is_cancelled(job.request_id):
+                await self._finished(job, "cancelled", delivered, time.time())
+                return JobOutcome("cancelled", delivered)
+            ended = await self._ended_before_running(job, earlier, origin)
+            if ended is not None:
+                return ended
+        except asyncio.CancelledError:
+            if job.request_id in self._client_cancelled:
+                # Its client cancelled it before it reached the engine: that is its end too,
+                # recorded (and its quota reservation refunded) like any other.
+                self._client_cancelled.discard(job.request_id)
+                await self._finished(job, "cancelled", delivered, time.time())
+            raise
 
         started = time.time()
         usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))

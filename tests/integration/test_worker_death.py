@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.messages import (
+    CancelEvent,
     DeadLetter,
     ErrorEvent,
     FinishEvent,
@@ -27,7 +28,9 @@ from tests.polling import eventually
 from tests.topic_reading import read_until
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer
-from topics.redis_relay import RedisReplicaDirectory, RedisReplyRelay
+from topics.ports import AttemptRecord
+from topics.redis_attempts import RedisJobAttempts
+from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from workers.worker import WorkerUnhealthy
 
 pytestmark = pytest.mark.integration
@@ -193,5 +196,48 @@ async def test_a_job_whose_gateway_is_gone_stops_and_bills_only_what_reached_one
     assert record.finish_reason == "caller_gone"
     assert record.completion_tokens == 0  # its first token reached nobody: nothing billed
     assert engine.calls[orphan] == 1 and orphan not in engine.running  # aborted, not run on
+    worker.drain()
+    await asyncio.wait_for(task, 30)
+
+
+async def test_a_job_its_client_cancels_before_it_reaches_the_engine_is_still_billed_once(
+    pool: str,
+    producer: KafkaProducer,
+    relay: RedisReplyRelay,
+    redis: Redis,
+    kafka_bootstrap: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cancel lands while the runner still talks to Redis (a slow round trip, held here
+    at its attempt bookkeeping): the job ends as cancelled with one usage record, so its quota
+    reservation is refunded, and it never starts in the engine."""
+    early = f"early-{uuid.uuid4().hex[:6]}"
+    reached, release = asyncio.Event(), asyncio.Event()
+    begin = RedisJobAttempts.begin
+
+    async def slow_begin(self: RedisJobAttempts, key: str) -> AttemptRecord:
+        if early in key:
+            reached.set()
+            await release.wait()  # held until the cancel has landed (never, here)
+        return await begin(self, key)
+
+    monkeypatch.setattr(RedisJobAttempts, "begin", slow_begin)
+    engine = ScriptedEngine(tokens=3)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
+    relay.open(early)
+    job = make_job(pool, relay, early, reserved_tokens=100)
+    await KafkaJobQueue(producer).submit(job, partition=0)
+    await asyncio.wait_for(reached.wait(), 30)
+    await RedisCancelBus(redis).cancel(CancelEvent(request_id=early))
+    await RedisCancelBus(redis).cancel(CancelEvent(request_id=early))  # a repeat changes nothing
+
+    (record,) = (await _usage(kafka_bootstrap, {early}))[early]
+    assert (record.finish_reason, record.reserved_tokens, record.completion_tokens) == (
+        "cancelled",
+        100,
+        0,
+    )
+    assert early not in engine.calls
     worker.drain()
     await asyncio.wait_for(task, 30)
