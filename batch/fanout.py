@@ -164,7 +164,7 @@ class BatchFanout:
         batch = current.batch
         try:
             line = parse_line(raw, index, line_no)
-            job = self._job(current, deployment, line)
+            job = await self._job(current, deployment, line)
             if self._quota is not None:
                 wanted = len(job.prompt_token_ids) + job.sampling.max_tokens
                 reserved = await self._quota.reserve(job.team, wanted)
@@ -181,10 +181,16 @@ class BatchFanout:
         await self._backlog.add(job.pool, "batch", len(job.prompt_token_ids), job.team)
         await self._queue.submit(job)
 
-    def _job(self, current: StoredBatch, deployment: Deployment, line: BatchLine) -> InferenceJob:
+    async def _job(
+        self, current: StoredBatch, deployment: Deployment, line: BatchLine
+    ) -> InferenceJob:
         batch = current.batch
         try:
-            prompt = self._renderer.render(deployment.name, line.body.messages)
+            # Off the event loop: a long line must not hold up the service's consumers.
+            self._renderer.check_fits(deployment.name, line.body.messages)
+            prompt = await asyncio.to_thread(
+                self._renderer.render, deployment.name, line.body.messages
+            )
         except PromptTooLong as exc:
             raise LineError("context_length_exceeded", str(exc)) from exc
         room = deployment.max_model_len - len(prompt)
