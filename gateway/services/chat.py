@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import structlog
 
@@ -206,7 +207,11 @@ class ChatService:
     async def stream_chunks(
         self, active: ActiveRequest, include_usage: bool
     ) -> AsyncIterator[ChatCompletionChunk | ErrorEvent]:
-        """`chat.completion.chunk`s in OpenAI's order; an `ErrorEvent` ends a failed stream."""
+        """`chat.completion.chunk`s in OpenAI's order; an `ErrorEvent` ends a failed stream.
+
+        Nothing is sent before the first generated token: the assistant's role travels with
+        it, in the same chunk, as vLLM and OpenAI do. Benchmark clients time the first event
+        as the first token; an early role chunk would make TTFT read as the queueing time."""
         job = active.job
 
         def chunk(
@@ -221,13 +226,16 @@ class ChatService:
                 usage=usage,
             )
 
+        role: Literal["assistant"] | None = "assistant"  # until the first chunk carries it
         try:
-            yield chunk(ChoiceDelta(role="assistant", content=""))
             async for event in self.events(active):
                 if isinstance(event, TokenEvent):
                     if event.text:
-                        yield chunk(ChoiceDelta(content=event.text))
+                        yield chunk(ChoiceDelta(role=role, content=event.text))
+                        role = None
                 elif isinstance(event, FinishEvent):
+                    if role is not None:  # an empty answer still names its role
+                        yield chunk(ChoiceDelta(role=role, content=""))
                     yield chunk(ChoiceDelta(), finish=event.finish_reason)
                     if include_usage:
                         yield chunk(ChoiceDelta(), usage=completion_usage(event.usage))

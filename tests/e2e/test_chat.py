@@ -54,6 +54,7 @@ def test_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content  # the first event carries the first token
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] in ("stop", "length") and all(f is None for f in finishes[:-1])

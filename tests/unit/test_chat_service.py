@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -207,12 +208,15 @@ async def test_stream_chunks_in_openai_order_with_usage() -> None:
     active = await service.start(_req(), Team("t"))
     items = [c async for c in service.stream_chunks(active, include_usage=True)]
     chunks = [c for c in items if isinstance(c, ChatCompletionChunk)]
-    assert len(chunks) == len(items) == 5
+    assert len(chunks) == len(items) == 4
+    # The role travels with the first token: no event before the first token exists.
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == "Hel"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:3])
     assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == "Hello"
-    assert chunks[3].choices[0].finish_reason == "stop"
-    assert chunks[4].choices == [] and chunks[4].usage is not None
-    assert chunks[4].usage.completion_tokens == 2 and chunks[4].usage.prompt_tokens == 2
+    assert chunks[2].choices[0].finish_reason == "stop"
+    assert chunks[3].choices == [] and chunks[3].usage is not None
+    assert chunks[3].usage.completion_tokens == 2 and chunks[3].usage.prompt_tokens == 2
     assert cancels.cancelled == []
 
 
@@ -231,7 +235,12 @@ async def test_abandoned_stream_is_cancelled() -> None:
     service, queue, cancels = await _service(SilentQueue)
     active = await service.start(_req(), Team("t"))
     stream = service.stream_chunks(active, include_usage=False)
-    await anext(stream)  # the role chunk; then the client goes away
+    first = asyncio.create_task(anext(stream))  # waits for a first token that never comes
+    for _ in range(10):
+        await asyncio.sleep(0)
+    first.cancel()  # the client goes away, as Starlette cancels a stream whose client left
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
     await stream.aclose()
     await asyncio.sleep(0)  # let the cancel task run
     for _ in range(10):
