@@ -130,6 +130,20 @@ class ChatCompletionRequest(_Strict):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     """vLLM's extension: requests share prefix-cache blocks only with requests carrying the same
     salt. llmq already salts every request by team; a caller's salt narrows that further."""
+    # vLLM's sampling extensions, as its OpenAI server accepts them in the same body.
+    top_k: int | None = Field(default=None, ge=-1)
+    """Sample from the `top_k` most likely tokens (0 or -1: all)."""
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    """Generate at least this many tokens before EOS or a stop token may end the answer."""
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
+    """Token id (as a string, OpenAI's form) -> bias from -100 (ban) to 100 (force)."""
     tier: Tier = "interactive"
 
     @field_validator("n")
@@ -145,6 +159,23 @@ class ChatCompletionRequest(_Strict):
         if isinstance(stop, list) and len(stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys must be token ids, got {token!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"biases must lie in [-100, 100], got {value}")
+        return bias
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max(self) -> ChatCompletionRequest:
+        limit = self.output_limit
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> ChatCompletionRequest:

@@ -45,6 +45,17 @@ class SamplingSettings(BaseModel):
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    top_k: int = 0
+    """0: no top-k cut."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
 
 
 def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
@@ -62,6 +73,18 @@ def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> Sampli
         seed=request.seed,
         json_schema=json_schema,
         json_object=fmt is not None and fmt.type == "json_object",
+        top_k=max(request.top_k or 0, 0),
+        min_p=request.min_p or 0.0,
+        repetition_penalty=request.repetition_penalty or 1.0,
+        min_tokens=request.min_tokens or 0,
+        ignore_eos=bool(request.ignore_eos),
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        include_stop_str_in_output=bool(request.include_stop_str_in_output),
+        skip_special_tokens=request.skip_special_tokens is not False,
+        spaces_between_special_tokens=request.spaces_between_special_tokens is not False,
+        logit_bias={int(k): v for k, v in request.logit_bias.items()}
+        if request.logit_bias
+        else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -143,3 +144,35 @@ def test_reply_events_are_discriminated_by_type() -> None:
     assert isinstance(reply_event_adapter.validate_json(raw), TokenEvent)
     with pytest.raises(ValidationError):
         reply_event_adapter.validate_json(b'{"type": "nope", "request_id": "r"}')
+
+
+def test_vllm_sampling_extensions_reach_the_job() -> None:
+    from schemas.messages import sampling_settings
+
+    req = _req(
+        top_k=5, min_p=0.1, repetition_penalty=1.2, min_tokens=3, ignore_eos=True,
+        stop_token_ids=[7, 9], include_stop_str_in_output=True, skip_special_tokens=False,
+        spaces_between_special_tokens=False, logit_bias={"42": -100, "7": 5.5}, max_tokens=8,
+    )  # fmt: skip
+    s = sampling_settings(req, 8)
+    assert (s.top_k, s.min_p, s.repetition_penalty, s.min_tokens) == (5, 0.1, 1.2, 3)
+    assert s.ignore_eos and s.include_stop_str_in_output and s.stop_token_ids == (7, 9)
+    assert not s.skip_special_tokens and not s.spaces_between_special_tokens
+    assert s.logit_bias == {42: -100, 7: 5.5}
+    defaults = sampling_settings(_req(top_k=-1), 8)  # vLLM's "no cut" spelling
+    assert (defaults.top_k, defaults.repetition_penalty, defaults.logit_bias) == (0, 1.0, None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"logit_bias": {"hello": 1}}, "token ids"),
+        ({"logit_bias": {"5": 101}}, "[-100, 100]"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+        ({"top_k": -2}, "greater than or equal to -1"),
+        ({"repetition_penalty": 0}, "greater than 0"),
+    ],
+)
+def test_vllm_sampling_extensions_are_validated(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        _req(**extra)

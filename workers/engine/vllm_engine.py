@@ -186,6 +186,16 @@ class VllmEngine:
             seed=sampling.seed,
             structured_outputs=structured,
             output_kind=RequestOutputKind.DELTA,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            min_tokens=sampling.min_tokens,
+            ignore_eos=sampling.ignore_eos,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            include_stop_str_in_output=sampling.include_stop_str_in_output,
+            skip_special_tokens=sampling.skip_special_tokens,
+            spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+            logit_bias=dict(sampling.logit_bias) if sampling.logit_bias else None,
         )
 
     async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:

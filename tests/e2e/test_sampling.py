@@ -1,0 +1,65 @@
+"""vLLM's sampling extensions through the queue, with the OpenAI SDK's `extra_body`, on the real
+engine: each changes the output the way vLLM's own server would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+
+ASK = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
+    extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("max_tokens", "temperature")}
+    return client.chat.completions.create(
+        model="tiny-llama", messages=ASK, extra_body=extra, **kwargs
+    )
+
+
+def test_top_k_1_is_greedy(client: openai.OpenAI) -> None:
+    greedy = _chat(client, max_tokens=24, temperature=0)
+    for seed in (1, 2):
+        sampled = _chat(client, max_tokens=24, temperature=1.0, top_k=1, seed=seed)
+        assert sampled.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_min_tokens_and_ignore_eos_reach_the_length_asked_for(client: openai.OpenAI) -> None:
+    for out in (
+        _chat(client, max_tokens=40, min_tokens=40, seed=3),
+        _chat(client, max_tokens=40, ignore_eos=True, seed=4),
+    ):
+        assert out.usage.completion_tokens == 40
+        assert out.choices[0].finish_reason == "length"
+
+
+def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, stack: Stack) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(stack.model_path))
+    first = _chat(client, max_tokens=1, temperature=0).choices[0].message.content
+    (banned,) = tokenizer.encode(first, add_special_tokens=False)  # the greedy first token
+    unbiased = _chat(client, max_tokens=1, temperature=0, logit_bias={str(banned): -100})
+    assert unbiased.choices[0].message.content != first
+    forced_id = tokenizer.encode(" sea", add_special_tokens=False)[-1]
+    forced = _chat(client, max_tokens=3, temperature=0, logit_bias={str(forced_id): 100})
+    assert forced.choices[0].message.content == tokenizer.decode([forced_id] * 3)
+
+
+def test_a_stop_token_id_ends_the_answer(client: openai.OpenAI, stack: Stack) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(stack.model_path))
+    whole = _chat(client, max_tokens=12, temperature=0, ignore_eos=True)
+    ids = tokenizer.encode(whole.choices[0].message.content, add_special_tokens=False)
+    stopped = _chat(client, max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[ids[3]])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.usage.completion_tokens < 12
+
+
+def test_unknown_fields_are_still_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, max_tokens=1, colour="blue")
+    assert info.value.body["param"] == "colour"  # type: ignore[index]
