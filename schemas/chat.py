@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 Tier = Literal["interactive", "batch"]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
@@ -79,6 +88,8 @@ def content_text(content: MessageContent | None) -> str:
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's extension: with `include_usage`, every chunk carries the usage so far."""
 
 
 class ResponseFormatText(_Strict):
@@ -109,6 +120,21 @@ ResponseFormat = Annotated[
 ]
 
 
+_NOT_SERVED = {
+    "logprobs": "llmq does not return log probabilities yet",
+    "top_logprobs": "llmq does not return log probabilities yet",
+    "tools": "tool calling is not served yet",
+    "tool_choice": "tool calling is not served yet",
+    "functions": "function calling is not served yet",
+    "function_call": "function calling is not served yet",
+    "audio": "the models served produce text only",
+    "web_search_options": "llmq runs no web search",
+    "moderation": "llmq runs no moderation",
+}
+"""OpenAI fields accepted by name but refused when set, with the reason (issue 11 plans to
+serve log probabilities and tool calls)."""
+
+
 class ChatCompletionRequest(_Strict):
     """`POST /v1/chat/completions` body."""
 
@@ -126,7 +152,45 @@ class ChatCompletionRequest(_Strict):
     seed: int | None = None
     n: int | None = 1
     response_format: ResponseFormat | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=256)
+    """Recorded on the usage record (metering by end user); never logged."""
+    safety_identifier: str | None = Field(default=None, max_length=256)
+    """Recorded on the usage record, like `user` (OpenAI's successor to it)."""
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    """Up to 16 pairs (keys up to 64 characters, values up to 512), recorded on the usage record."""
+    service_tier: ServiceTier | None = None
+    """Mapped: `flex` runs at llmq's batch tier (cheap, never refused for load, waits), every
+    other value at the interactive tier; the response names the tier that served it."""
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    """Requests of a team sharing it are routed to the same worker (its prefix cache)."""
+    store: bool | None = None
+    """Accepted; llmq stores no completions, so `true` is refused."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """Accepted; no effect on the models served (none of them reasons)."""
+    modalities: list[Literal["text", "audio"]] | None = None
+    """Only text can be produced: `["text"]` is accepted, audio is refused."""
+    parallel_tool_calls: bool | None = None
+    """Accepted; no effect (tool calling is not served yet)."""
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """Accepted; no effect (the models served take no verbosity control)."""
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    """Accepted; no effect: cached prefixes live in the engine's KV memory until evicted."""
+    prompt_cache_options: dict[str, Any] | None = None
+    """Accepted; no effect (cache breakpoints and lifetimes are the engine's own)."""
+    prediction: dict[str, Any] | None = None
+    """Accepted; no effect: a predicted output only speeds OpenAI's models up, the answer is
+    the same."""
+    # OpenAI fields llmq cannot honour (yet): named here so they get a clear 400, not an
+    # "unrecognized argument".
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     """vLLM's extension: requests share prefix-cache blocks only with requests carrying the same
     salt. llmq already salts every request by team; a caller's salt narrows that further."""
@@ -170,6 +234,40 @@ class ChatCompletionRequest(_Strict):
                 raise ValueError(f"biases must lie in [-100, 100], got {value}")
         return bias
 
+    @field_validator(*_NOT_SERVED)
+    @classmethod
+    def _refuse_what_cannot_be_honoured(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, False, [], "none"):  # "none": the tool choice that calls nothing
+            field = str(info.field_name)
+            raise PydanticCustomError(
+                "not_served",
+                "{field} is not supported: {why}",
+                {"field": field, "why": _NOT_SERVED[field]},
+            )
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_within_openais_caps(cls, meta: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (meta or {}).items():
+            if len(key) > 64 or len(value) > 512:
+                raise ValueError("keys are at most 64 characters and values at most 512")
+        return meta
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_is_stored(cls, store: bool | None) -> bool | None:
+        if store:
+            raise ValueError("llmq does not store completions; omit store or set it to false")
+        return store
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, modalities: list[str] | None) -> list[str] | None:
+        if modalities and any(m != "text" for m in modalities):
+            raise ValueError("the models served produce text only")
+        return modalities
+
     @model_validator(mode="after")
     def _min_tokens_within_max(self) -> ChatCompletionRequest:
         limit = self.output_limit
@@ -182,6 +280,13 @@ class ChatCompletionRequest(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
+
+    @property
+    def effective_tier(self) -> Tier:
+        """llmq's `tier` when given, else OpenAI's `service_tier` mapped (`flex`: batch)."""
+        if "tier" in self.model_fields_set or self.service_tier is None:
+            return self.tier
+        return "batch" if self.service_tier == "flex" else "interactive"
 
     @property
     def output_limit(self) -> int | None:
@@ -227,6 +332,7 @@ class ChatCompletion(BaseModel):
     choices: list[Choice]
     usage: CompletionUsage | None = None
     system_fingerprint: str | None = None
+    service_tier: ServiceTier | None = None
 
 
 class ChoiceDelta(BaseModel):
@@ -249,3 +355,4 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: CompletionUsage | None = None
     system_fingerprint: str | None = None
+    service_tier: ServiceTier | None = None

@@ -114,6 +114,27 @@ class ReplayMarker(BaseModel):
     """Run even if the request already finished (the done ledger is not consulted)."""
 
 
+class CallerTags(BaseModel):
+    """What the caller said about itself, recorded on the usage record (metering): never
+    logged, never sent to the engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest) -> CallerTags | None:
+        if request.user is None and request.safety_identifier is None and not request.metadata:
+            return None
+        return cls(
+            user=request.user,
+            safety_identifier=request.safety_identifier,
+            metadata=request.metadata or None,
+        )
+
+
 class InferenceJob(Message):
     """One request to run: produced by the gateway (or batch service), consumed by a worker."""
 
@@ -140,6 +161,8 @@ class InferenceJob(Message):
     `BatchResultEvent` instead of token events."""
     replay: ReplayMarker | None = None
     """Set on jobs re-driven by `llmq replay` (incident recovery)."""
+    caller: CallerTags | None = None
+    """`user`, `safety_identifier` and `metadata` of the request, for the usage record."""
     cache_salt: str | None = None
     """Salts the engine's prefix-cache block hashes (vLLM's ``cache_salt``): jobs share cached
     blocks only when their salts are equal. Derived from the team (`Deployment.cache_salt`),
@@ -266,6 +289,8 @@ class UsageRecord(Message):
     """What admission reserved for this request; the quota refunds the difference."""
     finish_reason: str
     finished_at: float
+    caller: CallerTags | None = None
+    """The request's `user`, `safety_identifier` and `metadata`, when it named any."""
 
 
 ReplicaState = Literal["loading", "ready", "draining"]

@@ -378,6 +378,7 @@ class JobRunner:
                 reserved_tokens=job.reserved_tokens if first else 0,
                 finish_reason=outcome,
                 finished_at=time.time(),
+                caller=job.caller,
             )
         )
         log.info(

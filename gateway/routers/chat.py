@@ -27,9 +27,9 @@ def _service(request: Request) -> ChatService:
 
 
 async def _sse(
-    service: ChatService, active: ActiveRequest, include_usage: bool
+    service: ChatService, active: ActiveRequest, include_usage: bool, continuous: bool
 ) -> AsyncIterator[str]:
-    async for item in service.stream_chunks(active, include_usage):
+    async for item in service.stream_chunks(active, include_usage, continuous):
         if isinstance(item, ErrorEvent):
             body = error_body(item.message, "server_error", code=item.code)
             body["usage"] = item.usage.model_dump()
@@ -53,9 +53,11 @@ async def create_chat_completion(
     active = await service.start(body, team)
     job = active.job
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        options = body.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = include_usage and bool(options and options.continuous_usage_stats)
         return StreamingResponse(
-            _sse(service, active, include_usage),
+            _sse(service, active, include_usage, continuous),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": job.request_id},
         )

@@ -24,6 +24,7 @@ from schemas.chat import (
     ChoiceDelta,
     ChunkChoice,
     CompletionUsage,
+    ServiceTier,
 )
 from schemas.messages import (
     CancelEvent,
@@ -40,6 +41,11 @@ log = structlog.get_logger()
 
 def completion_usage(usage: UsageCounts) -> CompletionUsage:
     return usage.to_openai()
+
+
+def served_tier(job: InferenceJob) -> ServiceTier:
+    """OpenAI's name for the tier that served a job: the batch tier is its `flex`."""
+    return "flex" if job.tier == "batch" else "default"
 
 
 @dataclass
@@ -205,25 +211,34 @@ class ChatService:
         )
 
     async def stream_chunks(
-        self, active: ActiveRequest, include_usage: bool
+        self, active: ActiveRequest, include_usage: bool, continuous_usage: bool = False
     ) -> AsyncIterator[ChatCompletionChunk | ErrorEvent]:
         """`chat.completion.chunk`s in OpenAI's order; an `ErrorEvent` ends a failed stream.
 
         Nothing is sent before the first generated token: the assistant's role travels with
         it, in the same chunk, as vLLM and OpenAI do. Benchmark clients time the first event
-        as the first token; an early role chunk would make TTFT read as the queueing time."""
+        as the first token; an early role chunk would make TTFT read as the queueing time.
+        With `continuous_usage` (vLLM's `continuous_usage_stats`) every chunk also carries
+        the usage so far."""
         job = active.job
 
         def chunk(
             delta: ChoiceDelta, finish: str | None = None, usage: CompletionUsage | None = None
         ) -> ChatCompletionChunk:
             choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
+            if continuous_usage and usage is None:
+                usage = completion_usage(
+                    UsageCounts(
+                        prompt_tokens=len(job.prompt_token_ids), completion_tokens=active.tokens
+                    )
+                )
             return ChatCompletionChunk(
                 id=job.request_id,
                 created=active.created,
                 model=job.model,
                 choices=choices,
                 usage=usage,
+                service_tier=served_tier(job),
             )
 
         role: Literal["assistant"] | None = "assistant"  # until the first chunk carries it
@@ -266,6 +281,7 @@ class ChatService:
                         )
                     ],
                     usage=completion_usage(event.usage),
+                    service_tier=served_tier(active.job),
                 )
             else:
                 raise ApiError(

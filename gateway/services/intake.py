@@ -25,7 +25,7 @@ from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
-from schemas.messages import InferenceJob, sampling_settings
+from schemas.messages import CallerTags, InferenceJob, sampling_settings
 from schemas.render import ChatRenderer, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
@@ -97,7 +97,7 @@ class JobIntake:
         replicas = self._registry.replicas.ready(deployment.pool)
         max_tokens = wanted or room
 
-        pool, tier = deployment.pool, request.tier
+        pool, tier = deployment.pool, request.effective_tier
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
             limit = self._admission.queue_limit(
@@ -160,7 +160,7 @@ class JobIntake:
             team=team.name,
             model=deployment.name,
             pool=deployment.pool,
-            tier=request.tier,
+            tier=tier,
             team_weight=policy.weight,
             prompt_token_ids=tuple(prompt),
             sampling=sampling_settings(request, max_tokens),
@@ -170,10 +170,11 @@ class JobIntake:
             deadline=now + self._timeout_s,
             reply_to=reply_to,
             cache_salt=deployment.cache_salt(team.name, request.cache_salt),
+            caller=CallerTags.of(request),
         )
         if self._router is None:  # random routing: the broker's partitioner decides
             return AdmittedJob(job=job, partition=None)
-        partitions = await self._queue.partitions(deployment.pool, request.tier)
+        partitions = await self._queue.partitions(deployment.pool, tier)
         route = self._router.choose(
             pool=deployment.pool,
             salt=job.cache_salt or team.name,
@@ -181,7 +182,8 @@ class JobIntake:
             adapter=None,
             partitions=partitions,
             replicas=replicas,
-            topic=catalog.job_topic(deployment.pool, request.tier),
+            topic=catalog.job_topic(deployment.pool, tier),
+            cache_key=request.prompt_cache_key,
         )
         return AdmittedJob(job=job, partition=route.partition)
 

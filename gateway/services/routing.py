@@ -96,19 +96,30 @@ class PartitionRouter:
         return prompt_token_ids[: whole_blocks * self.block_size]
 
     def preferred_partition(
-        self, *, salt: str, prompt_token_ids: Sequence[int], adapter: str | None, partitions: int
+        self,
+        *,
+        salt: str,
+        prompt_token_ids: Sequence[int],
+        adapter: str | None,
+        partitions: int,
+        cache_key: str | None = None,
     ) -> int:
         """A stable hash (BLAKE2b, the same in every process) of salt, prefix and adapter.
 
         The salt is the job's prefix-cache salt: requests that may share cached blocks (one
-        team, or teams sharing a cache) hash alike; others spread independently."""
+        team, or teams sharing a cache) hash alike; others spread independently. A caller's
+        `prompt_cache_key` replaces the prefix: its requests meet on one worker whatever
+        their prompts."""
         if partitions < 1:
             raise ValueError("a topic has at least one partition")
         digest = hashlib.blake2b(digest_size=8, person=b"llmq-route")
         salt_bytes = salt.encode()
         digest.update(struct.pack("<I", len(salt_bytes)) + salt_bytes)
-        prefix = self.affinity_prefix(prompt_token_ids)
-        digest.update(struct.pack(f"<I{len(prefix)}I", len(prefix), *prefix))
+        if cache_key is not None:
+            digest.update(b"key:" + cache_key.encode())
+        else:
+            prefix = self.affinity_prefix(prompt_token_ids)
+            digest.update(struct.pack(f"<I{len(prefix)}I", len(prefix), *prefix))
         if adapter is not None:
             digest.update(b"adapter:" + adapter.encode())
         return int.from_bytes(digest.digest(), "big") % partitions
@@ -123,10 +134,15 @@ class PartitionRouter:
         partitions: int,
         replicas: Sequence[ReplicaHeartbeat],
         topic: str,
+        cache_key: str | None = None,
     ) -> RouteDecision:
         """The partition for one job of `pool` on `topic`."""
         preferred = self.preferred_partition(
-            salt=salt, prompt_token_ids=prompt_token_ids, adapter=adapter, partitions=partitions
+            salt=salt,
+            prompt_token_ids=prompt_token_ids,
+            adapter=adapter,
+            partitions=partitions,
+            cache_key=cache_key,
         )
         live = [r for r in replicas if r.pool == pool and _is_live(r)]
         owners = partition_owners(topic, partitions, live)

@@ -246,3 +246,17 @@ def test_one_cold_prefill_on_a_quiet_pool_does_not_move_its_prefix() -> None:
     assert choose(router, prompt, quiet).reason == "affinity"
     busy = [beat("a", [p], in_flight=3, outstanding=3 * len(prompt)), beat("b", others)]
     assert choose(router, prompt, busy).reason == "bounded_load"
+
+
+def test_a_prompt_cache_key_routes_different_prompts_together() -> None:
+    router = PartitionRouter()
+
+    def route(prompt: list[int], key: str | None) -> int:
+        return router.preferred_partition(
+            salt="search", prompt_token_ids=prompt, adapter=None, partitions=N, cache_key=key
+        )
+
+    prompts = [[i] * 600 for i in range(16)]
+    assert len({route(p, "faq-bot") for p in prompts}) == 1
+    assert len({route(p, None) for p in prompts}) > 1
+    assert len({route(prompts[0], f"key-{i}") for i in range(32)}) > 1

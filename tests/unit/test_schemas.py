@@ -176,3 +176,71 @@ def test_vllm_sampling_extensions_reach_the_job() -> None:
 def test_vllm_sampling_extensions_are_validated(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(message)):
         _req(**extra)
+
+
+@pytest.mark.parametrize(
+    ("extra", "tier"),
+    [
+        ({}, "interactive"),
+        ({"service_tier": "flex"}, "batch"),
+        ({"service_tier": "priority"}, "interactive"),
+        ({"service_tier": "auto"}, "interactive"),
+        ({"service_tier": "flex", "tier": "interactive"}, "interactive"),  # llmq's own wins
+    ],
+)
+def test_service_tier_maps_to_llmqs_tiers(extra: dict[str, Any], tier: str) -> None:
+    assert _req(**extra).effective_tier == tier
+
+
+def test_openai_fields_with_no_effect_are_accepted() -> None:
+    req = _req(
+        store=False, reasoning_effort="low", modalities=["text"], parallel_tool_calls=True,
+        metadata={"k": "v" * 512}, user="u-1", safety_identifier="s-1", prompt_cache_key="faq",
+    )  # fmt: skip
+    assert req.metadata == {"k": "v" * 512} and req.prompt_cache_key == "faq"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"store": True}, "store"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"service_tier": "cheap"}, "service_tier"),
+    ],
+)
+def test_values_that_cannot_be_honoured_are_refused(extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _req(**extra)
+    assert info.value.errors()[0]["loc"][0] == param
+
+
+def test_newer_openai_fields_without_effect_are_accepted() -> None:
+    req = _req(
+        verbosity="low", prompt_cache_retention="24h", prompt_cache_options={"ttl": "1h"},
+        prediction={"type": "content", "content": "x"}, logprobs=False, tool_choice="none",
+    )  # fmt: skip
+    assert req.verbosity == "low"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "why"),
+    [
+        ({"logprobs": True}, "logprobs", "log probabilities"),
+        ({"top_logprobs": 2}, "top_logprobs", "log probabilities"),
+        ({"tools": [{"type": "function"}]}, "tools", "tool calling"),
+        ({"tool_choice": "required"}, "tool_choice", "tool calling"),
+        ({"functions": [{"name": "f"}]}, "functions", "function calling"),
+        ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio", "text only"),
+        ({"web_search_options": {}}, "web_search_options", "web search"),
+        ({"moderation": {"model": "m"}}, "moderation", "moderation"),
+    ],
+)
+def test_openai_fields_not_served_get_a_clear_refusal(
+    extra: dict[str, Any], param: str, why: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        _req(**extra)
+    error = info.value.errors()[0]
+    assert error["loc"] == (param,) and error["type"] == "not_served" and why in error["msg"]
