@@ -16,7 +16,7 @@ from gateway.auth import ApiKeyAuthenticator, FailedAuthThrottle
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimitMiddleware, default_max_request_bytes
 from gateway.metrics import GatewayMetrics
-from gateway.request_body import add_body_schemas
+from gateway.openapi import install_openapi
 from gateway.routers import batches, chat, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.batches import BatchesService
@@ -30,7 +30,7 @@ from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.routing import PartitionRouter
 from gateway.settings import GatewaySettings
 from llmq.heap import freeze_startup_heap
-from schemas.chat import ChatCompletionRequest
+from schemas.chat import ChatCompletion, ChatCompletionRequest
 from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
@@ -144,5 +144,5 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
-    add_body_schemas(app, [ChatCompletionRequest])
+    install_openapi(app, [ChatCompletionRequest, ChatCompletion])
     return app

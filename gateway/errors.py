@@ -6,6 +6,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.errors import error_body
@@ -46,8 +47,9 @@ def model_not_found(model: str) -> ApiError:
 
 
 def _param_of(loc: tuple[int | str, ...]) -> str | None:
-    """`("body", "messages", 0, "role")` -> `messages[0].role`."""
-    parts = [p for p in loc if p != "body"]
+    """`("body", "messages", 0, "role")` -> `messages[0].role`; `("query", "limit")` ->
+    `limit`."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
     out = ""
     for part in parts:
         if isinstance(part, int):
@@ -86,10 +88,23 @@ async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=400)
 
 
-async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+    body = error_body(str(exc.detail), kind)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import models_json_schema
 
 from gateway.services.offload import ThreadOffload
 
@@ -57,22 +56,3 @@ def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
             },
         }
     }
-
-
-def add_body_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
-    """Put the schemas of `JsonBody` models into the app's OpenAPI components."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = generate()
-        _, defs = models_json_schema(
-            [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
-        )
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for name, definition in defs.get("$defs", {}).items():
-            components.setdefault(name, definition)
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -41,7 +41,7 @@ async def list_batches(
     team: Annotated[Team, Depends(current_team)],
     service: Annotated[BatchesService, Depends(_service)],
     after: str | None = None,
-    limit: Annotated[int, Query()] = 20,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     return await service.list(team.name, after, limit)
 

@@ -43,6 +43,16 @@ async def _sse(
     "/v1/chat/completions",
     response_model=None,
     openapi_extra=json_body_openapi(ChatCompletionRequest),
+    responses={
+        200: {
+            "description": "A `chat.completion`, or with `stream` a stream of "
+            "`chat.completion.chunk` server-sent events ending with `data: [DONE]`",
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    },
 )
 async def create_chat_completion(
     request: Request,

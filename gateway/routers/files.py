@@ -15,16 +15,16 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import IO, Annotated
+from typing import IO, Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from gateway.auth import Team, current_team
 from gateway.errors import ApiError
-from gateway.services.files import FilesService
+from gateway.services.files import MAX_LIST_LIMIT, FilesService
 from schemas.files import FileDeleted, FileList, FileObject
 
 router = APIRouter()
@@ -263,8 +263,8 @@ async def list_files(
     team: Annotated[Team, Depends(current_team)],
     service: Annotated[FilesService, Depends(_service)],
     purpose: str | None = None,
-    limit: int = 10000,
-    order: str = "desc",
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = MAX_LIST_LIMIT,
+    order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> FileList:
     return await service.list(team, purpose=purpose, after=after, limit=limit, order=order)
@@ -279,7 +279,11 @@ async def retrieve_file(
     return await service.retrieve(team, file_id)
 
 
-@router.get("/v1/files/{file_id}/content", response_model=None)
+@router.get(
+    "/v1/files/{file_id}/content",
+    response_model=None,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
+)
 async def file_content(
     file_id: str,
     team: Annotated[Team, Depends(current_team)],

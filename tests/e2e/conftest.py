@@ -28,6 +28,8 @@ TEAM_KEYS = {"team-a": "sk-e2e-team-a", "team-b": "sk-e2e-team-b",
              "team-c": "sk-e2e-team-c", "team-d": "sk-e2e-team-d"}  # fmt: skip
 """Teams for isolation tests: a and b have caches of their own, c and d share one on MODEL."""
 SHARED_CACHE_TEAMS = {"company": ["team-c", "team-d"]}
+FUZZ_KEY = "sk-e2e-fuzz"
+"""The schema fuzzer's team: whatever it spends or queues is not another test's."""
 STRICT_MODEL = "tiny-llama-strict"
 """The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
 MAX_MODEL_LEN = 2048
@@ -158,7 +160,9 @@ def stack(
         "LLMQ_S3_ENDPOINT_URL": s3_endpoint,
         "LLMQ_S3_BUCKET": "llmq-e2e",
         **S3_CREDENTIALS,
-        "LLMQ_API_KEYS": json.dumps({API_KEY: "e2e", **{k: t for t, k in TEAM_KEYS.items()}}),
+        "LLMQ_API_KEYS": json.dumps(
+            {API_KEY: "e2e", FUZZ_KEY: "fuzz", **{k: t for t, k in TEAM_KEYS.items()}}
+        ),
         "LLMQ_TEAMS": json.dumps(
             {
                 "small": {
