@@ -100,6 +100,10 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
         ) from exc
     if request.stream:
         raise LineError("invalid_request", "Batch requests cannot stream.", "body.stream")
+    if request.logprobs:
+        raise LineError(
+            "invalid_request", "Batch lines cannot ask for logprobs yet.", "body.logprobs"
+        )
     return BatchLine(index=index, line_no=line_no, custom_id=custom_id, body=request)
 
 

@@ -121,8 +121,6 @@ ResponseFormat = Annotated[
 
 
 _NOT_SERVED = {
-    "logprobs": "llmq does not return log probabilities yet",
-    "top_logprobs": "llmq does not return log probabilities yet",
     "tools": "tool calling is not served yet",
     "tool_choice": "tool calling is not served yet",
     "functions": "function calling is not served yet",
@@ -182,8 +180,6 @@ class ChatCompletionRequest(_Strict):
     the same."""
     # OpenAI fields llmq cannot honour (yet): named here so they get a clear 400, not an
     # "unrecognized argument".
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -206,6 +202,10 @@ class ChatCompletionRequest(_Strict):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
+    logprobs: bool | None = None
+    """Return each generated token's log probability (`choices[].logprobs.content`)."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """With `logprobs`, also the most likely alternatives at each position."""
     logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
     """Token id (as a string, OpenAI's form) -> bias from -100 (ban) to 100 (force)."""
     tier: Tier = "interactive"
@@ -269,6 +269,12 @@ class ChatCompletionRequest(_Strict):
         return modalities
 
     @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    @model_validator(mode="after")
     def _min_tokens_within_max(self) -> ChatCompletionRequest:
         limit = self.output_limit
         if self.min_tokens and limit is not None and self.min_tokens > limit:
@@ -311,6 +317,27 @@ class CompletionUsage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class TopLogprob(BaseModel):
+    """One candidate token at a position, as OpenAI's `top_logprobs` entries."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionTokenLogprob(TopLogprob):
+    """A generated token with its log probability and the most likely alternatives."""
+
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[ChatCompletionTokenLogprob] | None = None
+    refusal: list[ChatCompletionTokenLogprob] | None = None
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
@@ -321,7 +348,7 @@ class Choice(BaseModel):
     index: int = 0
     message: ChatCompletionMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -344,7 +371,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: ChoiceDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

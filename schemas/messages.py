@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from schemas.chat import (
     ChatCompletionRequest,
+    ChatCompletionTokenLogprob,
     CompletionUsage,
     FinishReason,
     PromptTokensDetails,
@@ -56,6 +57,8 @@ class SamplingSettings(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    """None: no log probabilities; N: each token's, with the N most likely alternatives."""
 
 
 def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
@@ -85,6 +88,7 @@ def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> Sampli
         logit_bias={int(k): v for k, v in request.logit_bias.items()}
         if request.logit_bias
         else None,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )
 
 
@@ -197,6 +201,8 @@ class TokenEvent(Message):
     attempt: int = 1
     """Which run of the job produced it: a job whose worker died before its caller saw a
     token runs again, and the gateway keeps only one run's text."""
+    logprobs: tuple[ChatCompletionTokenLogprob, ...] | None = None
+    """The step's tokens with their log probabilities, when the request asked for them."""
 
 
 class FinishEvent(Message):

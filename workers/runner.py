@@ -165,6 +165,7 @@ class JobRunner:
                     text=step.text,
                     num_tokens=step.num_new_tokens,
                     attempt=earlier.attempt,
+                    logprobs=step.logprobs,
                 )
                 if job.stream:  # the caller sees it now: record that, with the publish
                     reached = await self._attempts.publish_delivered(

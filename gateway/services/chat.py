@@ -20,8 +20,10 @@ from schemas.chat import (
     ChatCompletionChunk,
     ChatCompletionMessage,
     ChatCompletionRequest,
+    ChatCompletionTokenLogprob,
     Choice,
     ChoiceDelta,
+    ChoiceLogprobs,
     ChunkChoice,
     CompletionUsage,
     ServiceTier,
@@ -41,6 +43,12 @@ log = structlog.get_logger()
 
 def completion_usage(usage: UsageCounts) -> CompletionUsage:
     return usage.to_openai()
+
+
+def _choice_logprobs(
+    tokens: tuple[ChatCompletionTokenLogprob, ...] | None,
+) -> ChoiceLogprobs | None:
+    return None if tokens is None else ChoiceLogprobs(content=list(tokens))
 
 
 def served_tier(job: InferenceJob) -> ServiceTier:
@@ -223,9 +231,13 @@ class ChatService:
         job = active.job
 
         def chunk(
-            delta: ChoiceDelta, finish: str | None = None, usage: CompletionUsage | None = None
+            delta: ChoiceDelta,
+            finish: str | None = None,
+            usage: CompletionUsage | None = None,
+            logprobs: ChoiceLogprobs | None = None,
         ) -> ChatCompletionChunk:
-            choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
+            choice = ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+            choices = [] if usage else [choice]
             if continuous_usage and usage is None:
                 usage = completion_usage(
                     UsageCounts(
@@ -245,8 +257,9 @@ class ChatService:
         try:
             async for event in self.events(active):
                 if isinstance(event, TokenEvent):
-                    if event.text:
-                        yield chunk(ChoiceDelta(role=role, content=event.text))
+                    if event.text or event.logprobs:
+                        logprobs = _choice_logprobs(event.logprobs)
+                        yield chunk(ChoiceDelta(role=role, content=event.text), logprobs=logprobs)
                         role = None
                 elif isinstance(event, FinishEvent):
                     if role is not None:  # an empty answer still names its role
@@ -262,13 +275,16 @@ class ChatService:
     async def complete(self, active: ActiveRequest) -> ChatCompletion:
         """Buffer the whole answer into one `chat.completion`."""
         parts: list[str] = []
+        logprobs: list[ChatCompletionTokenLogprob] = []
         attempt = 0
         async for event in self.events(active):
             if isinstance(event, TokenEvent):
                 if event.attempt != attempt:  # a new run: its text replaces the dead one's
                     attempt = event.attempt
                     parts.clear()
+                    logprobs.clear()
                 parts.append(event.text)
+                logprobs.extend(event.logprobs or ())
             elif isinstance(event, FinishEvent):
                 return ChatCompletion(
                     id=active.job.request_id,
@@ -278,6 +294,9 @@ class ChatService:
                         Choice(
                             message=ChatCompletionMessage(content="".join(parts)),
                             finish_reason=event.finish_reason,
+                            logprobs=ChoiceLogprobs(content=logprobs)
+                            if active.job.sampling.logprobs is not None
+                            else None,
                         )
                     ],
                     usage=completion_usage(event.usage),

@@ -63,3 +63,33 @@ def test_unknown_fields_are_still_refused(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         _chat(client, max_tokens=1, colour="blue")
     assert info.value.body["param"] == "colour"  # type: ignore[index]
+
+
+def test_logprobs_come_with_every_token_whole_and_streamed(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    whole = _chat(client, logprobs=True, top_logprobs=3, **kwargs)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 6
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 3 and token.logprob <= 0
+        # greedy: the chosen token is the most likely one
+        assert token.top_logprobs[0].token == token.token
+    stream = client.chat.completions.create(
+        model="tiny-llama",
+        messages=ASK,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    streamed = [
+        token
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for token in chunk.choices[0].logprobs.content or []
+    ]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert _chat(client, **kwargs).choices[0].logprobs is None  # only when asked

@@ -227,8 +227,6 @@ def test_newer_openai_fields_without_effect_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "param", "why"),
     [
-        ({"logprobs": True}, "logprobs", "log probabilities"),
-        ({"top_logprobs": 2}, "top_logprobs", "log probabilities"),
         ({"tools": [{"type": "function"}]}, "tools", "tool calling"),
         ({"tool_choice": "required"}, "tool_choice", "tool calling"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling"),
@@ -244,3 +242,15 @@ def test_openai_fields_not_served_get_a_clear_refusal(
         _req(**extra)
     error = info.value.errors()[0]
     assert error["loc"] == (param,) and error["type"] == "not_served" and why in error["msg"]
+
+
+def test_logprobs_map_to_the_number_of_alternatives() -> None:
+    from schemas.messages import sampling_settings
+
+    assert sampling_settings(_req(), 4).logprobs is None
+    assert sampling_settings(_req(logprobs=True), 4).logprobs == 0
+    assert sampling_settings(_req(logprobs=True, top_logprobs=3), 4).logprobs == 3
+    with pytest.raises(ValidationError, match="top_logprobs needs logprobs"):
+        _req(top_logprobs=2)
+    with pytest.raises(ValidationError):
+        _req(logprobs=True, top_logprobs=21)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from schemas.chat import ChatCompletionTokenLogprob
 from schemas.messages import InferenceJob
 
 
@@ -22,6 +23,8 @@ class EngineStep:
     cached_tokens: int
     finished: bool
     finish_reason: str | None = None
+    logprobs: tuple[ChatCompletionTokenLogprob, ...] | None = None
+    """The step's tokens with their log probabilities, when the job asked for them."""
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import gc
 import os
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
 
+from schemas.chat import ChatCompletionTokenLogprob, TopLogprob
 from schemas.messages import InferenceJob, SamplingSettings
 from workers.engine.port import EngineStats, EngineStep
 
@@ -31,6 +32,39 @@ STRUCTURED_OUTPUT_BACKEND: Final = "xgrammar"
 """Compact JSON (no free whitespace) needs an explicit backend: "auto" rejects the flag."""
 
 _FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+LOGPROB_FLOOR: Final = -9999.0
+"""What a log probability of minus infinity is reported as (JSON has no infinity; vLLM's
+own server reports the same)."""
+
+
+def _candidate(logprob: Any) -> TopLogprob:
+    token = str(logprob.decoded_token or "")
+    return TopLogprob(
+        token=token,
+        logprob=max(float(logprob.logprob), LOGPROB_FLOOR),
+        bytes=list(token.encode("utf-8")),
+    )
+
+
+def token_logprobs(
+    token_ids: Sequence[int], positions: Any, top: int | None
+) -> tuple[ChatCompletionTokenLogprob, ...] | None:
+    """OpenAI's per-token log probabilities from vLLM's: one `{token id: Logprob}` mapping per
+    generated token, holding the chosen token and the `top` most likely ones."""
+    if top is None or positions is None:
+        return None
+    out = []
+    for token_id, position in zip(token_ids, positions, strict=False):
+        chosen = _candidate(position[token_id])
+        ranked = sorted(position.values(), key=lambda p: p.rank if p.rank is not None else 1 << 30)
+        out.append(
+            ChatCompletionTokenLogprob(
+                **chosen.model_dump(), top_logprobs=[_candidate(p) for p in ranked[:top]]
+            )
+        )
+    return tuple(out)
 
 
 class EngineRequestError(ValueError):
@@ -196,6 +230,7 @@ class VllmEngine:
             skip_special_tokens=sampling.skip_special_tokens,
             spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             logit_bias=dict(sampling.logit_bias) if sampling.logit_bias else None,
+            logprobs=sampling.logprobs,
         )
 
     async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
@@ -230,6 +265,9 @@ class VllmEngine:
                     finished=finished,
                     finish_reason=(
                         openai_finish_reason(completion.finish_reason) if finished else None
+                    ),
+                    logprobs=token_logprobs(
+                        completion.token_ids, completion.logprobs, job.sampling.logprobs
                     ),
                 )
                 if finished:
