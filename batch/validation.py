@@ -100,6 +100,8 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
         ) from exc
     if request.stream:
         raise LineError("invalid_request", "Batch requests cannot stream.", "body.stream")
+    if request.choices > 1:
+        raise LineError("invalid_request", "Batch lines ask for one choice (n=1).", "body.n")
     if request.logprobs:
         raise LineError(
             "invalid_request", "Batch lines cannot ask for logprobs yet.", "body.logprobs"

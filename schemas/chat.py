@@ -19,6 +19,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 Tier = Literal["interactive", "batch"]
+MAX_CHOICES = 4
+"""Most choices (`n`) one request may ask for; each is billed as its own completion."""
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
@@ -212,9 +214,9 @@ class ChatCompletionRequest(_Strict):
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("llmq supports only n=1")
+    def _at_most_four_choices(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be between 1 and {MAX_CHOICES}")
         return n
 
     @field_validator("stop")
@@ -293,6 +295,10 @@ class ChatCompletionRequest(_Strict):
         if "tier" in self.model_fields_set or self.service_tier is None:
             return self.tier
         return "batch" if self.service_tier == "flex" else "interactive"
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def output_limit(self) -> int | None:

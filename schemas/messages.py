@@ -59,6 +59,8 @@ class SamplingSettings(BaseModel):
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     """None: no log probabilities; N: each token's, with the N most likely alternatives."""
+    n: int = 1
+    """Choices generated from the one prompt (its KV blocks are shared)."""
 
 
 def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
@@ -89,6 +91,7 @@ def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> Sampli
         if request.logit_bias
         else None,
         logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        n=request.choices,
     )
 
 
@@ -203,6 +206,8 @@ class TokenEvent(Message):
     token runs again, and the gateway keeps only one run's text."""
     logprobs: tuple[ChatCompletionTokenLogprob, ...] | None = None
     """The step's tokens with their log probabilities, when the request asked for them."""
+    index: int = 0
+    """The choice it belongs to (requests with `n` > 1)."""
 
 
 class FinishEvent(Message):
@@ -212,6 +217,8 @@ class FinishEvent(Message):
     request_id: str
     finish_reason: FinishReason
     usage: UsageCounts
+    finish_reasons: tuple[FinishReason, ...] = ()
+    """Each choice's finish reason, by index, when the request asked for `n` > 1."""
 
 
 class ErrorEvent(Message):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -38,7 +38,7 @@ from topics.ports import (
     UsageSink,
 )
 from workers.dead_letters import dead_letter_for_failing_job
-from workers.engine.port import EngineClient
+from workers.engine.port import EngineClient, EngineStep
 from workers.load import LoadTracker
 
 log = structlog.get_logger()
@@ -60,6 +60,18 @@ class JobOrigin:
     fetched_at: float = 0.0
     """When the worker fetched it (wall clock): a job's queue time splits into the time in
     its partition and the time in this worker's buffer."""
+
+
+@dataclass
+class _Buffered:
+    """One choice's output held until the job ends (batch tier: a restart stays unseen)."""
+
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, step: EngineStep) -> None:
+        self.parts.append(step.text)
+        self.tokens += step.num_new_tokens
 
 
 class RunFailed(Exception):
@@ -137,7 +149,8 @@ class JobRunner:
         outcome = "stop"
         # Batch output is published whole at the end: a batch job may be preempted and run
         # again, and its caller must never see the restart.
-        buffered: list[str] | None = [] if job.tier == "batch" else None
+        buffered: dict[int, _Buffered] | None = {} if job.tier == "batch" else None
+        ends: dict[int, FinishReason] = {}  # each choice's finish reason, by index
         published = usage  # what reached a gateway (a non-streaming one buffers it)
         seq = 0
         first_token_at: float | None = None
@@ -150,14 +163,14 @@ class JobRunner:
                     completion_tokens=usage.completion_tokens + step.num_new_tokens,
                 )
                 self._load.produced(job.request_id, step.num_new_tokens, step.cached_tokens)
-                if step.finished and step.finish_reason == "length":
-                    outcome = "length"
+                if step.finish_reason is not None:
+                    ends[step.index] = "length" if step.finish_reason == "length" else "stop"
                 if not (step.text or step.num_new_tokens):
                     continue
                 if first_token_at is None:
                     first_token_at = time.time()
                 if buffered is not None:
-                    buffered.append(step.text)
+                    buffered.setdefault(step.index, _Buffered()).add(step)
                     continue
                 event = TokenEvent(
                     request_id=job.request_id,
@@ -166,6 +179,7 @@ class JobRunner:
                     num_tokens=step.num_new_tokens,
                     attempt=earlier.attempt,
                     logprobs=step.logprobs,
+                    index=step.index,
                 )
                 if job.stream:  # the caller sees it now: record that, with the publish
                     reached = await self._attempts.publish_delivered(
@@ -179,8 +193,11 @@ class JobRunner:
                 published = usage
                 seq += 1
             self._ending.add(job.request_id)  # a cancel from now on changes nothing
-            finish_reason: FinishReason = "length" if outcome == "length" else "stop"
-            await self._publish_output(job, buffered, finish_reason, usage)
+            finish_reason: FinishReason = ends.get(0, "stop")
+            outcome = finish_reason
+            choices = job.sampling.n
+            reasons = tuple(ends.get(i, "stop") for i in range(choices)) if choices > 1 else ()
+            await self._publish_output(job, buffered, finish_reason, usage, reasons)
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
@@ -275,36 +292,42 @@ class JobRunner:
     async def _publish_output(
         self,
         job: InferenceJob,
-        buffered: list[str] | None,
+        buffered: dict[int, _Buffered] | None,
         finish_reason: FinishReason,
         usage: UsageCounts,
+        finish_reasons: tuple[FinishReason, ...] = (),
     ) -> None:
         """The successful end: buffered batch output whole, then the finish event."""
         if job.batch is not None:
+            first = (buffered or {}).get(0)
             await self._results.publish(
                 BatchResultEvent(
                     request_id=job.request_id,
                     batch=job.batch,
                     model=job.model,
-                    text="".join(buffered or []),
+                    text="".join(first.parts) if first else "",
                     finish_reason=finish_reason,
                     usage=usage,
                     finished_at=time.time(),
                 )
             )
             return
-        if buffered is not None:
+        for index, choice in sorted((buffered or {}).items()):
             whole = TokenEvent(
                 request_id=job.request_id,
-                seq=0,
-                text="".join(buffered),
-                num_tokens=usage.completion_tokens,
+                seq=index,
+                text="".join(choice.parts),
+                num_tokens=choice.tokens,
+                index=index,
             )
             await self._publisher.publish(job.reply_to, whole)
-        await self._publisher.publish(
-            job.reply_to,
-            FinishEvent(request_id=job.request_id, finish_reason=finish_reason, usage=usage),
+        finish = FinishEvent(
+            request_id=job.request_id,
+            finish_reason=finish_reason,
+            usage=usage,
+            finish_reasons=finish_reasons,
         )
+        await self._publisher.publish(job.reply_to, finish)
 
     async def _publish_error(
         self, job: InferenceJob, code: str, message: str, usage: UsageCounts | None = None

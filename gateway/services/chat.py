@@ -26,6 +26,7 @@ from schemas.chat import (
     ChoiceLogprobs,
     ChunkChoice,
     CompletionUsage,
+    FinishReason,
     ServiceTier,
 )
 from schemas.messages import (
@@ -49,6 +50,11 @@ def _choice_logprobs(
     tokens: tuple[ChatCompletionTokenLogprob, ...] | None,
 ) -> ChoiceLogprobs | None:
     return None if tokens is None else ChoiceLogprobs(content=list(tokens))
+
+
+def _finish_reasons(event: FinishEvent) -> tuple[FinishReason, ...]:
+    """Each choice's finish reason, by index (one choice unless the request asked for n)."""
+    return event.finish_reasons or (event.finish_reason,)
 
 
 def served_tier(job: InferenceJob) -> ServiceTier:
@@ -235,8 +241,9 @@ class ChatService:
             finish: str | None = None,
             usage: CompletionUsage | None = None,
             logprobs: ChoiceLogprobs | None = None,
+            index: int = 0,
         ) -> ChatCompletionChunk:
-            choice = ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+            choice = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
             choices = [] if usage else [choice]
             if continuous_usage and usage is None:
                 usage = completion_usage(
@@ -253,18 +260,28 @@ class ChatService:
                 service_tier=served_tier(job),
             )
 
-        role: Literal["assistant"] | None = "assistant"  # until the first chunk carries it
+        named: set[int] = set()  # choices whose first chunk carried the role
+
+        def role(index: int) -> Literal["assistant"] | None:
+            if index in named:
+                return None
+            named.add(index)
+            return "assistant"
+
         try:
             async for event in self.events(active):
                 if isinstance(event, TokenEvent):
                     if event.text or event.logprobs:
-                        logprobs = _choice_logprobs(event.logprobs)
-                        yield chunk(ChoiceDelta(role=role, content=event.text), logprobs=logprobs)
-                        role = None
+                        yield chunk(
+                            ChoiceDelta(role=role(event.index), content=event.text),
+                            logprobs=_choice_logprobs(event.logprobs),
+                            index=event.index,
+                        )
                 elif isinstance(event, FinishEvent):
-                    if role is not None:  # an empty answer still names its role
-                        yield chunk(ChoiceDelta(role=role, content=""))
-                    yield chunk(ChoiceDelta(), finish=event.finish_reason)
+                    for index, reason in enumerate(_finish_reasons(event)):
+                        if index not in named:  # an empty answer still names its role
+                            yield chunk(ChoiceDelta(role=role(index), content=""), index=index)
+                        yield chunk(ChoiceDelta(), finish=reason, index=index)
                     if include_usage:
                         yield chunk(ChoiceDelta(), usage=completion_usage(event.usage))
                 else:
@@ -274,8 +291,8 @@ class ChatService:
 
     async def complete(self, active: ActiveRequest) -> ChatCompletion:
         """Buffer the whole answer into one `chat.completion`."""
-        parts: list[str] = []
-        logprobs: list[ChatCompletionTokenLogprob] = []
+        parts: dict[int, list[str]] = {}
+        logprobs: dict[int, list[ChatCompletionTokenLogprob]] = {}
         attempt = 0
         async for event in self.events(active):
             if isinstance(event, TokenEvent):
@@ -283,21 +300,24 @@ class ChatService:
                     attempt = event.attempt
                     parts.clear()
                     logprobs.clear()
-                parts.append(event.text)
-                logprobs.extend(event.logprobs or ())
+                parts.setdefault(event.index, []).append(event.text)
+                logprobs.setdefault(event.index, []).extend(event.logprobs or ())
             elif isinstance(event, FinishEvent):
+                wants_logprobs = active.job.sampling.logprobs is not None
                 return ChatCompletion(
                     id=active.job.request_id,
                     created=active.created,
                     model=active.job.model,
                     choices=[
                         Choice(
-                            message=ChatCompletionMessage(content="".join(parts)),
-                            finish_reason=event.finish_reason,
-                            logprobs=ChoiceLogprobs(content=logprobs)
-                            if active.job.sampling.logprobs is not None
+                            index=index,
+                            message=ChatCompletionMessage(content="".join(parts.get(index, []))),
+                            finish_reason=reason,
+                            logprobs=ChoiceLogprobs(content=logprobs.get(index, []))
+                            if wants_logprobs
                             else None,
                         )
+                        for index, reason in enumerate(_finish_reasons(event))
                     ],
                     usage=completion_usage(event.usage),
                     service_tier=served_tier(active.job),

@@ -96,6 +96,7 @@ class JobIntake:
         self._registry.require_ready(deployment)
         replicas = self._registry.replicas.ready(deployment.pool)
         max_tokens = wanted or room
+        choices = request.choices  # each may use max_tokens: all are reserved, all are billed
 
         pool, tier = deployment.pool, request.effective_tier
         if tier == "interactive":
@@ -134,16 +135,16 @@ class JobIntake:
 
         policy = team.policy
         reservation = await self._quota.reserve_for(
-            team.name, policy.tokens_per_minute, len(prompt), max_tokens
+            team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
         )
         if not reservation.allowed:
             await self._backlog.remove(pool, tier, len(prompt), team.name)
             if not reservation.satisfiable:
                 raise ApiError(
                     429,
-                    f"This request needs {len(prompt) + max_tokens} tokens, more than your "
-                    f"team's quota of {policy.tokens_per_minute} tokens per minute; lower "
-                    "max_tokens.",
+                    f"This request needs {len(prompt) + max_tokens * choices} tokens, more "
+                    f"than your team's quota of {policy.tokens_per_minute} tokens per minute; "
+                    "lower max_tokens.",
                     type_="rate_limit_error",
                     code="rate_limit_exceeded",
                 )
@@ -164,7 +165,7 @@ class JobIntake:
             team_weight=policy.weight,
             prompt_token_ids=tuple(prompt),
             sampling=sampling_settings(request, max_tokens),
-            reserved_tokens=len(prompt) + max_tokens,
+            reserved_tokens=len(prompt) + max_tokens * choices,
             stream=bool(request.stream),
             created_at=now,
             deadline=now + self._timeout_s,

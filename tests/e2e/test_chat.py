@@ -182,7 +182,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"n": 2}, "n"), ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens")],
+    [({"n": 5}, "n"), ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens")],
 )
 def test_invalid_parameters_are_400(
     client: openai.OpenAI, extra: dict[str, object], param: str

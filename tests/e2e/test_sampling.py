@@ -17,7 +17,8 @@ ASK = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
-    extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("max_tokens", "temperature")}
+    direct = ("max_tokens", "temperature", "n")
+    extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in direct}
     return client.chat.completions.create(
         model="tiny-llama", messages=ASK, extra_body=extra, **kwargs
     )
@@ -93,3 +94,30 @@ def test_logprobs_come_with_every_token_whole_and_streamed(client: openai.OpenAI
     ]
     assert [t.token for t in streamed] == [t.token for t in content]
     assert _chat(client, **kwargs).choices[0].logprobs is None  # only when asked
+
+
+def test_n_choices_whole_and_streamed_each_billed(client: openai.OpenAI) -> None:
+    whole = _chat(client, max_tokens=5, ignore_eos=True, n=3, seed=5)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason == "length" for c in whole.choices)
+    assert whole.usage.completion_tokens == 15  # five tokens for each of three choices
+    stream = client.chat.completions.create(
+        model="tiny-llama",
+        messages=ASK,
+        stream=True,
+        n=2,
+        max_tokens=5,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text[choice.index] = text.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert set(text) == {0, 1} and all(text.values())
+    assert finishes == {0: "length", 1: "length"}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10

@@ -81,7 +81,7 @@ def test_json_schema_keeps_its_schema() -> None:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 5}, "n"),
         ({"temperature": 3}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),

@@ -25,6 +25,9 @@ class EngineStep:
     finish_reason: str | None = None
     logprobs: tuple[ChatCompletionTokenLogprob, ...] | None = None
     """The step's tokens with their log probabilities, when the job asked for them."""
+    index: int = 0
+    """The choice these tokens belong to (jobs with `n` > 1); `finish_reason` is that
+    choice's, set on the step that ends it; `finished` says the whole job ended."""
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,7 @@ class VllmEngine:
             spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             logit_bias=dict(sampling.logit_bias) if sampling.logit_bias else None,
             logprobs=sampling.logprobs,
+            n=sampling.n,
         )
 
     async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
@@ -255,21 +256,24 @@ class VllmEngine:
         )
         try:
             async for output in stream:
-                completion = output.outputs[0]
                 finished = bool(output.finished)
-                yield EngineStep(
-                    text=completion.text,
-                    num_new_tokens=len(completion.token_ids),
-                    prompt_tokens=len(output.prompt_token_ids or job.prompt_token_ids),
-                    cached_tokens=int(output.num_cached_tokens or 0),
-                    finished=finished,
-                    finish_reason=(
-                        openai_finish_reason(completion.finish_reason) if finished else None
-                    ),
-                    logprobs=token_logprobs(
-                        completion.token_ids, completion.logprobs, job.sampling.logprobs
-                    ),
-                )
+                last = len(output.outputs) - 1
+                for i, completion in enumerate(output.outputs):  # one per choice that moved
+                    ended = completion.finish_reason is not None or (finished and i == last)
+                    yield EngineStep(
+                        text=completion.text,
+                        num_new_tokens=len(completion.token_ids),
+                        prompt_tokens=len(output.prompt_token_ids or job.prompt_token_ids),
+                        cached_tokens=int(output.num_cached_tokens or 0),
+                        finished=finished and i == last,
+                        finish_reason=(
+                            openai_finish_reason(completion.finish_reason) if ended else None
+                        ),
+                        logprobs=token_logprobs(
+                            completion.token_ids, completion.logprobs, job.sampling.logprobs
+                        ),
+                        index=int(completion.index),
+                    )
                 if finished:
                     break
         except VLLMClientError as exc:
