@@ -189,7 +189,7 @@ class BatchFanout:
             # Off the event loop: a long line must not hold up the service's consumers.
             self._renderer.check_fits(deployment.name, line.body.messages)
             prompt = await asyncio.to_thread(
-                self._renderer.render, deployment.name, line.body.messages
+                self._renderer.tokenize, deployment.name, line.body.messages
             )
         except PromptTooLong as exc:
             raise LineError("context_length_exceeded", str(exc)) from exc

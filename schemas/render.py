@@ -110,8 +110,13 @@ class ChatRenderer:
             )
 
     def render(self, model: str, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of the prompt; slow for long prompts (call it off the event loop)."""
+        """Token ids of the prompt, refused first if it cannot fit (`check_fits`)."""
         self.check_fits(model, messages)
+        return self.tokenize(model, messages)
+
+    def tokenize(self, model: str, messages: list[ChatMessage]) -> list[int]:
+        """Token ids of the prompt, unchecked: slow for long prompts, so callers that run it
+        off the event loop call `check_fits` first, on the loop (it is cheap)."""
         tokenizer = self._tokenizers[model]
         text = tokenizer.apply_chat_template(
             template_messages(messages), tokenize=False, add_generation_prompt=True

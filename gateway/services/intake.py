@@ -194,8 +194,10 @@ class JobIntake:
         try:
             self._renderer.check_fits(model, request.messages)
             if self._offload is None:
-                return self._renderer.render(model, request.messages)
-            prompt: list[int] = await self._offload(self._renderer.render, model, request.messages)
+                return self._renderer.tokenize(model, request.messages)
+            prompt: list[int] = await self._offload(
+                self._renderer.tokenize, model, request.messages
+            )
         except PromptTooLong as exc:
             raise context_length_exceeded(str(exc)) from exc
         return prompt
