@@ -17,10 +17,11 @@ from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimitMiddleware, default_max_request_bytes
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import install_openapi
-from gateway.routers import batches, chat, files, health, models
+from gateway.routers import batches, chat, completions, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.batches import BatchesService
 from gateway.services.chat import ChatService
+from gateway.services.completions import CompletionService
 from gateway.services.files import FilesService
 from gateway.services.intake import JobIntake
 from gateway.services.offload import ThreadOffload
@@ -31,6 +32,7 @@ from gateway.services.routing import PartitionRouter
 from gateway.settings import GatewaySettings
 from llmq.heap import freeze_startup_heap
 from schemas.chat import ChatCompletion, ChatCompletionRequest
+from schemas.completions import Completion, CompletionRequest
 from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
@@ -101,7 +103,9 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         app.state.probe_topic = (
             catalog.job_topic(default.pool, "interactive") if default else catalog.USAGE_TOPIC
         )
-        app.state.chat_service = ChatService(intake, relay, RedisCancelBus(redis), metrics)
+        cancels = RedisCancelBus(redis)
+        app.state.chat_service = ChatService(intake, relay, cancels, metrics)
+        app.state.completion_service = CompletionService(intake, relay, cancels, metrics)
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
             RedisBatchStore(redis),
@@ -140,9 +144,10 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
     )
     install_error_handlers(app)
     app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
-    install_openapi(app, [ChatCompletionRequest, ChatCompletion])
+    install_openapi(app, [ChatCompletionRequest, ChatCompletion, CompletionRequest, Completion])
     return app

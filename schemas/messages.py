@@ -12,13 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from schemas.chat import (
-    ChatCompletionRequest,
     ChatCompletionTokenLogprob,
     CompletionUsage,
     FinishReason,
     PromptTokensDetails,
     Tier,
 )
+from schemas.generation import GenerationRequest
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -46,6 +46,11 @@ class SamplingSettings(BaseModel):
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    """vLLM's structured outputs: the output matches the regex, is one of the choices, or is
+    derived by the (EBNF) grammar. At most one constraint of all of these is set."""
     top_k: int = 0
     """0: no top-k cut."""
     min_p: float = 0.0
@@ -63,11 +68,14 @@ class SamplingSettings(BaseModel):
     """Choices generated from the one prompt (its KV blocks are shared)."""
 
 
-def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> SamplingSettings:
+def sampling_settings(request: GenerationRequest, max_tokens: int) -> SamplingSettings:
     fmt = request.response_format
+    structured = request.structured_outputs
     json_schema = None
     if fmt is not None and fmt.type == "json_schema":
         json_schema = fmt.json_schema.schema_ or {"type": "object"}
+    elif structured is not None and isinstance(structured.json_, dict):
+        json_schema = structured.json_
     return SamplingSettings(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -77,7 +85,11 @@ def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> Sampli
         stop=tuple(request.stop_list),
         seed=request.seed,
         json_schema=json_schema,
-        json_object=fmt is not None and fmt.type == "json_object",
+        json_object=(fmt is not None and fmt.type == "json_object")
+        or bool(structured and structured.json_object),
+        regex=structured.regex if structured else None,
+        choice=tuple(structured.choice) if structured and structured.choice else None,
+        grammar=structured.grammar if structured else None,
         top_k=max(request.top_k or 0, 0),
         min_p=request.min_p or 0.0,
         repetition_penalty=request.repetition_penalty or 1.0,
@@ -90,7 +102,7 @@ def sampling_settings(request: ChatCompletionRequest, max_tokens: int) -> Sampli
         logit_bias={int(k): v for k, v in request.logit_bias.items()}
         if request.logit_bias
         else None,
-        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        logprobs=request.logprobs_count,
         n=request.choices,
     )
 
@@ -132,7 +144,7 @@ class CallerTags(BaseModel):
     metadata: dict[str, str] | None = None
 
     @classmethod
-    def of(cls, request: ChatCompletionRequest) -> CallerTags | None:
+    def of(cls, request: GenerationRequest) -> CallerTags | None:
         if request.user is None and request.safety_identifier is None and not request.metadata:
             return None
         return cls(

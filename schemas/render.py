@@ -18,6 +18,22 @@ class PromptTooLong(ValueError):
     """The messages cannot fit the model's context, known without tokenizing them."""
 
 
+class NoFillInTheMiddle(ValueError):
+    """A `suffix` was given for a model whose tokenizer has no fill-in-the-middle tokens."""
+
+
+FIM_TOKENS = (
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SantaCoder
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
+    (
+        "<\uff5cfim\u2581begin\uff5c>",
+        "<\uff5cfim\u2581hole\uff5c>",
+        "<\uff5cfim\u2581end\uff5c>",
+    ),  # DeepSeek-Coder
+)
+"""Fill-in-the-middle tokens of known model families, in prefix-suffix-middle order."""
+
+
 @dataclass(frozen=True)
 class RenderLimits:
     """What bounds a prompt before it is tokenized: every message renders to at least one
@@ -42,6 +58,10 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
     def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, token_ids: Any, **kwargs: Any) -> Any: ...
+
+    def get_vocab(self) -> Any: ...
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -122,3 +142,36 @@ class ChatRenderer:
             template_messages(messages), tokenize=False, add_generation_prompt=True
         )
         return list(tokenizer.encode(str(text), add_special_tokens=False))
+
+    def check_text_fits(self, model: str, text: str) -> None:
+        """Refuse (`PromptTooLong`) a completion prompt that cannot fit, untokenized."""
+        limits = self._limits.get(model)
+        if limits is not None and len(text) > limits.max_chars:
+            raise PromptTooLong(
+                f"The prompt holds {len(text)} characters, more than can fit the model's "
+                f"context of {limits.max_prompt_tokens} tokens."
+            )
+
+    def fill_in_the_middle(self, model: str, prefix: str, suffix: str) -> str:
+        """The prompt text asking the model for what goes between `prefix` and `suffix`, in
+        its family's fill-in-the-middle format; `NoFillInTheMiddle` if it has none."""
+        vocab = self._tokenizers[model].get_vocab()
+        for before_prefix, before_suffix, before_middle in FIM_TOKENS:
+            if before_prefix in vocab and before_suffix in vocab and before_middle in vocab:
+                return f"{before_prefix}{prefix}{before_suffix}{suffix}{before_middle}"
+        raise NoFillInTheMiddle(
+            f"suffix is not supported: the tokenizer of `{model}` has no fill-in-the-middle tokens."
+        )
+
+    def encode(self, model: str, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a completion prompt (unchecked: call `check_text_fits` first)."""
+        tokenizer = self._tokenizers[model]
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, model: str, token_ids: list[int]) -> str:
+        """The text of token ids (a prompt given as ids, for `echo`)."""
+        return str(self._tokenizers[model].decode(token_ids))
+
+    def vocab_size(self, model: str) -> int:
+        """Token ids of `model` lie below this."""
+        return len(self._tokenizers[model].get_vocab())

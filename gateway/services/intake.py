@@ -25,8 +25,11 @@ from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
+from schemas.completions import CompletionRequest
+from schemas.deployment import Deployment
+from schemas.generation import GenerationRequest
 from schemas.messages import CallerTags, InferenceJob, sampling_settings
-from schemas.render import ChatRenderer, PromptTooLong
+from schemas.render import ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
 
@@ -46,8 +49,8 @@ def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:
     )
 
 
-def context_length_exceeded(message: str) -> ApiError:
-    return ApiError(400, message, param="messages", code="context_length_exceeded")
+def context_length_exceeded(message: str, param: str = "messages") -> ApiError:
+    return ApiError(400, message, param=param, code="context_length_exceeded")
 
 
 @dataclass(frozen=True)
@@ -82,16 +85,50 @@ class JobIntake:
         self._offload = offload
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
-        """Everything up to producing: refusals are raised as `ApiError`s."""
+        """A chat request up to producing: refusals are raised as `ApiError`s."""
         deployment = self._registry.resolve(request.model)
         prompt = await self._render(deployment.name, request)
+        return await self.admit_prompt(deployment, request, prompt, team, reply_to, "chatcmpl")
+
+    async def admit_completion(
+        self, request: CompletionRequest, team: Team, reply_to: str
+    ) -> list[AdmittedJob]:
+        """A completions request, one job per prompt, all admitted or none: a refusal
+        releases what the prompts admitted before it."""
+        deployment = self._registry.resolve(request.model)
+        prompts = [await self._encode(deployment.name, request, p) for p in request.prompts]
+        admitted: list[AdmittedJob] = []
+        try:
+            for prompt in prompts:
+                admitted.append(
+                    await self.admit_prompt(deployment, request, prompt, team, reply_to, "cmpl")
+                )
+        except ApiError:
+            for job in admitted:
+                await self.release(job)
+            raise
+        return admitted
+
+    async def admit_prompt(
+        self,
+        deployment: Deployment,
+        request: GenerationRequest,
+        prompt: list[int],
+        team: Team,
+        reply_to: str,
+        id_prefix: str,
+    ) -> AdmittedJob:
+        """One prompt's job up to producing: context, readiness, load shedding, quota and
+        routing; refusals are raised as `ApiError`s."""
+        prompt = request.truncate(prompt, deployment.max_model_len)
         room = deployment.max_model_len - len(prompt)
         wanted = request.output_limit
         if room < 1 or (wanted is not None and wanted > room):
             raise context_length_exceeded(
                 f"This model's maximum context length is {deployment.max_model_len} tokens. "
                 f"However, you requested {len(prompt) + (wanted or 1)} tokens "
-                f"({len(prompt)} in the messages, {wanted or 1} in the completion)."
+                f"({len(prompt)} in the prompt, {wanted or 1} in the completion).",
+                "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
             )
         self._registry.require_ready(deployment)
         replicas = self._registry.replicas.ready(deployment.pool)
@@ -157,7 +194,7 @@ class JobIntake:
 
         now = time.time()
         job = InferenceJob(
-            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            request_id=f"{id_prefix}-{uuid.uuid4().hex}",
             team=team.name,
             model=deployment.name,
             pool=deployment.pool,
@@ -202,6 +239,45 @@ class JobIntake:
             raise context_length_exceeded(str(exc)) from exc
         return prompt
 
+    async def _encode(
+        self, model: str, request: CompletionRequest, prompt: str | list[int]
+    ) -> list[int]:
+        """A completion prompt's token ids: text is tokenized off the event loop (with the
+        model's fill-in-the-middle format when a `suffix` is given); ids are checked."""
+        if isinstance(prompt, list):
+            if request.suffix is not None:
+                raise ApiError(400, "suffix needs a text prompt.", param="suffix")
+            vocab = self._renderer.vocab_size(model)
+            if any(token >= vocab for token in prompt):
+                raise ApiError(
+                    400, f"Token ids must be below the vocabulary size ({vocab}).", param="prompt"
+                )
+            return prompt
+        try:
+            if request.suffix is not None:
+                prompt = self._renderer.fill_in_the_middle(model, prompt, request.suffix)
+            self._renderer.check_text_fits(model, prompt)
+        except NoFillInTheMiddle as exc:
+            raise ApiError(400, str(exc), param="suffix") from exc
+        except PromptTooLong as exc:
+            raise context_length_exceeded(str(exc), "prompt") from exc
+        encode = self._renderer.encode
+        if self._offload is None:
+            return encode(model, prompt, request.add_special_tokens)
+        ids: list[int] = await self._offload(encode, model, prompt, request.add_special_tokens)
+        return ids
+
+    def prompt_text(self, job: InferenceJob) -> str:
+        """The text of a job's prompt (for `echo` of a prompt given as token ids)."""
+        return self._renderer.decode(job.model, list(job.prompt_token_ids))
+
+    async def release(self, admitted: AdmittedJob) -> None:
+        """Give back what admitting a job took (its quota reservation and backlog entry)."""
+        job = admitted.job
+        policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
+        await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
+        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
         """Queue the job: 503 if the broker refuses or does not acknowledge within
         ``produce_timeout_s`` (the quota reservation and backlog are released; the caller
@@ -212,9 +288,7 @@ class JobIntake:
                 receipt = await self._queue.submit(job, partition=admitted.partition)
         except Exception as exc:
             log.warning("job_produce_failed", request_id=job.request_id, error=type(exc).__name__)
-            policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
-            await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
-            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+            await self.release(admitted)
             raise ApiError(
                 503,
                 "The request queue is unavailable; retry shortly.",

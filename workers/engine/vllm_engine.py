@@ -210,6 +210,12 @@ class VllmEngine:
             structured = StructuredOutputsParams(json=sampling.json_schema)
         elif sampling.json_object:
             structured = StructuredOutputsParams(json_object=True)
+        elif sampling.regex is not None:
+            structured = StructuredOutputsParams(regex=sampling.regex)
+        elif sampling.choice is not None:
+            structured = StructuredOutputsParams(choice=list(sampling.choice))
+        elif sampling.grammar is not None:
+            structured = StructuredOutputsParams(grammar=sampling.grammar)
         return SamplingParams(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,

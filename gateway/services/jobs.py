@@ -1,0 +1,193 @@
+"""Produced jobs and their events: what chat completions and completions share.
+
+A request's job is produced only after the gateway listens on its reply channel; its events
+are then relayed up to the terminal one, and a request its caller abandons is cancelled, so it
+stops running and stops being billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import structlog
+
+from gateway.errors import ApiError
+from gateway.metrics import GatewayMetrics
+from gateway.services.intake import AdmittedJob, JobIntake
+from schemas.generation import ServiceTier
+from schemas.messages import CancelEvent, ErrorEvent, FinishEvent, InferenceJob, TokenEvent
+from topics.ports import CancelBus, ReplyEventT, ReplyRelay, ReplySubscription
+
+log = structlog.get_logger()
+
+
+def served_tier(job: InferenceJob) -> ServiceTier:
+    """OpenAI's name for the tier that served a job: the batch tier is its `flex`."""
+    return "flex" if job.tier == "batch" else "default"
+
+
+@dataclass
+class ActiveRequest:
+    """A produced job whose events this gateway is waiting for."""
+
+    job: InferenceJob
+    subscription: ReplySubscription
+    arrived: float
+    created: int
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens: int = 0
+    attempt: int = 0
+    """The run of the job whose tokens this request relays (0 until the first token)."""
+    outcome: str = "abandoned"
+    _done: bool = field(default=False, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+
+class JobRelay:
+    """Produces admitted jobs and relays their events: the part every generation endpoint
+    shares (chat and completions services extend it)."""
+
+    def __init__(
+        self,
+        intake: JobIntake,
+        relay: ReplyRelay,
+        cancels: CancelBus,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._intake = intake
+        self._relay = relay
+        self._cancels = cancels
+        self._metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+
+    def require_relay(self, model: str) -> None:
+        """Refuse quickly (503) while the token relay reconnects: events would be lost."""
+        if not self._relay.connected:
+            self._metrics.requests.labels(model, "503").inc()
+            raise ApiError(
+                503,
+                "The token relay is reconnecting; retry shortly.",
+                type_="server_error",
+                code="relay_unavailable",
+                headers={"Retry-After": "1"},
+            )
+
+    async def launch(self, admitted: AdmittedJob) -> ActiveRequest:
+        """Listen for an admitted job's events, then produce it."""
+        job = admitted.job
+        subscription = self._relay.open(job.request_id)
+        try:
+            receipt = await self._intake.produce(admitted)
+        except ApiError:
+            self._relay.close(job.request_id)
+            self._metrics.requests.labels(job.model, "503").inc()
+            # A send that timed out may still reach the broker: a worker then drops the job
+            # (its cancel key is checked before it starts), so it is neither run nor billed.
+            with contextlib.suppress(Exception):
+                await self._cancels.cancel(CancelEvent(request_id=job.request_id))
+            raise
+        log.info(
+            "job_produced",
+            request_id=job.request_id,
+            team=job.team,
+            model=job.model,
+            tier=job.tier,
+            partition=receipt.partition,
+            offset=receipt.offset,
+            prompt_tokens=len(job.prompt_token_ids),
+        )
+        return ActiveRequest(
+            job=job, subscription=subscription, arrived=job.created_at, created=int(job.created_at)
+        )
+
+    async def events(self, active: ActiveRequest) -> AsyncIterator[ReplyEventT]:
+        """The job's events up to its terminal one; an abandoned request is cancelled."""
+        job = active.job
+        subscription = active.subscription
+        try:
+            while True:
+                remaining = job.deadline - time.time()
+                try:
+                    async with asyncio.timeout(max(remaining, 0.0)):
+                        event = await subscription.next_event()
+                except TimeoutError:
+                    event = ErrorEvent(
+                        request_id=job.request_id,
+                        code="timeout",
+                        message="The request did not finish before its deadline.",
+                    )
+                if isinstance(event, TokenEvent) and not self._same_run(active, event):
+                    continue
+                self._observe(active, event)
+                if not isinstance(event, TokenEvent):
+                    # Done before the caller sees it: a caller that stops iterating at the
+                    # terminal event must not turn a finished request into a cancel. A relay
+                    # cut is no end of the job: it is cancelled, so it stops being billed.
+                    active._done = not subscription.interrupted
+                    yield event
+                    return
+                yield event
+        finally:
+            self._finish(active)
+
+    @staticmethod
+    def _same_run(active: ActiveRequest, event: TokenEvent) -> bool:
+        """Whether to relay a token event. A job whose worker died before its caller saw a
+        token runs again: a stream keeps the first run it relayed (a later run only starts
+        when the first streamed nothing); a buffered answer keeps the latest run."""
+        if event.attempt == active.attempt:
+            return True
+        if active.attempt == 0 or (not active.job.stream and event.attempt > active.attempt):
+            active.attempt = event.attempt
+            active.tokens = 0
+            return True
+        return False
+
+    def _observe(self, active: ActiveRequest, event: ReplyEventT) -> None:
+        now = time.time()
+        if isinstance(event, TokenEvent) and event.num_tokens > 0:
+            if active.first_token_at is None:
+                active.first_token_at = now
+                self._metrics.ttft.labels(active.job.model).observe(now - active.arrived)
+            active.last_token_at = now
+            active.tokens += event.num_tokens
+        elif isinstance(event, FinishEvent):
+            active.outcome = "ok"
+        elif isinstance(event, ErrorEvent):
+            active.outcome = event.code
+
+    def _finish(self, active: ActiveRequest) -> None:
+        """Once per request: stop listening, cancel it if abandoned, record metrics."""
+        if active._closed:
+            return
+        active._closed = True
+        job = active.job
+        model = job.model
+        self._relay.close(job.request_id)
+        if not active._done:
+            task = asyncio.create_task(self._cancels.cancel(CancelEvent(request_id=job.request_id)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._metrics.requests.labels(model, active.outcome).inc()
+        now = time.time()
+        self._metrics.e2e.labels(model).observe(now - active.arrived)
+        if active.first_token_at and active.last_token_at and active.tokens > 1:
+            tpot = (active.last_token_at - active.first_token_at) / (active.tokens - 1)
+            self._metrics.tpot.labels(model).observe(tpot)
+        log.info(
+            "request_finished",
+            request_id=job.request_id,
+            team=job.team,
+            model=model,
+            outcome=active.outcome,
+            completion_tokens=active.tokens,
+            ttft_s=round(active.first_token_at - active.arrived, 4)
+            if active.first_token_at
+            else None,
+            e2e_s=round(now - active.arrived, 4),
+        )
