@@ -26,10 +26,11 @@ from batch.validation import (
     parse_line,
     validate,
 )
-from schemas.batches import BatchError, BatchErrors
+from schemas.batches import BatchError, BatchErrors, endpoint_of
+from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment
 from schemas.messages import BatchLineRef, InferenceJob, sampling_settings
-from schemas.render import ChatRenderer, PromptTooLong
+from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, QueueBacklog
 
@@ -78,7 +79,9 @@ class BatchFanout:
         started = time.monotonic()
         try:
             lines = iter_lines(self._files.read(batch.input_file_id))
-            report = await validate(lines, self._deployments.keys(), self._max_requests)
+            report = await validate(
+                lines, self._deployments.keys(), self._max_requests, endpoint_of(batch)
+            )
         except FileNotFoundError:
             report = None
         if report is None or not report.ok:
@@ -163,7 +166,7 @@ class BatchFanout:
         """The line's job, its quota reserved; None when the line failed (it is recorded)."""
         batch = current.batch
         try:
-            line = parse_line(raw, index, line_no)
+            line = parse_line(raw, index, line_no, endpoint_of(batch))
             job = await self._job(current, deployment, line)
             if self._quota is not None:
                 wanted = len(job.prompt_token_ids) + job.sampling.max_tokens
@@ -185,14 +188,7 @@ class BatchFanout:
         self, current: StoredBatch, deployment: Deployment, line: BatchLine
     ) -> InferenceJob:
         batch = current.batch
-        try:
-            # Off the event loop: a long line must not hold up the service's consumers.
-            self._renderer.check_fits(deployment.name, line.body.messages)
-            prompt = await asyncio.to_thread(
-                self._renderer.tokenize, deployment.name, line.body.messages
-            )
-        except PromptTooLong as exc:
-            raise LineError("context_length_exceeded", str(exc)) from exc
+        prompt = await self._prompt(deployment, line)
         room = deployment.max_model_len - len(prompt)
         max_tokens = line.body.output_limit or room
         if room <= 0 or len(prompt) + max_tokens > deployment.max_model_len:
@@ -215,9 +211,32 @@ class BatchFanout:
             created_at=now,
             deadline=float(batch.expires_at or now + 86_400),
             reply_to=catalog.RESULTS_TOPIC,
-            batch=BatchLineRef(batch_id=batch.id, line=line.index, custom_id=line.custom_id),
+            batch=BatchLineRef(
+                batch_id=batch.id,
+                line=line.index,
+                custom_id=line.custom_id,
+                endpoint=endpoint_of(batch),
+            ),
             cache_salt=deployment.cache_salt(current.team, line.body.cache_salt),
         )
+
+    async def _prompt(self, deployment: Deployment, line: BatchLine) -> list[int]:
+        """The line's prompt token ids, tokenized off the event loop (a long line must not
+        hold up the service's consumers)."""
+        body = line.body
+        try:
+            if isinstance(body, CompletionRequest):
+                (prompt,) = body.prompts
+                return await asyncio.to_thread(
+                    self._renderer.completion_prompt,
+                    deployment.name, prompt, body.suffix, body.add_special_tokens,
+                )  # fmt: skip
+            self._renderer.check_fits(deployment.name, body.messages)
+            return await asyncio.to_thread(self._renderer.tokenize, deployment.name, body.messages)
+        except PromptTooLong as exc:
+            raise LineError("context_length_exceeded", str(exc)) from exc
+        except (NoFillInTheMiddle, BadTokenIds) as exc:
+            raise LineError("invalid_request", str(exc)) from exc
 
     async def _finalize_if_done(self, batch_id: str) -> None:
         current = await self._store.get(batch_id)

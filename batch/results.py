@@ -1,7 +1,7 @@
 """Output and error file lines, in OpenAI's batch output format.
 
 A success: ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body":
-<chat.completion>}, "error": null}``. A line that did not run or failed:
+<chat.completion or text_completion>}, "error": null}``. A line that did not run or failed:
 ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``.
 """
 
@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from schemas.chat import ChatCompletion, ChatCompletionMessage, Choice
+from schemas.completions import Completion, CompletionChoice
 from schemas.messages import BatchLineRef, BatchResultEvent
 
 OK_PREFIX = b"1"
@@ -32,18 +33,28 @@ def result_line(event: BatchResultEvent) -> tuple[bool, bytes]:
             event.error_code or "engine_error",
             event.error_message or "The request failed.",
         )
-    body = ChatCompletion(
-        id=f"chatcmpl-{event.request_id}",
-        created=int(event.finished_at),
-        model=event.model,
-        choices=[
-            Choice(
-                message=ChatCompletionMessage(content=event.text),
-                finish_reason=event.finish_reason,
-            )
-        ],
-        usage=event.usage.to_openai(),
-    )
+    body: ChatCompletion | Completion
+    if event.batch.endpoint == "/v1/completions":
+        body = Completion(
+            id=f"cmpl-{event.request_id}",
+            created=int(event.finished_at),
+            model=event.model,
+            choices=[CompletionChoice(text=event.text, finish_reason=event.finish_reason)],
+            usage=event.usage.to_openai(),
+        )
+    else:
+        body = ChatCompletion(
+            id=f"chatcmpl-{event.request_id}",
+            created=int(event.finished_at),
+            model=event.model,
+            choices=[
+                Choice(
+                    message=ChatCompletionMessage(content=event.text),
+                    finish_reason=event.finish_reason,
+                )
+            ],
+            usage=event.usage.to_openai(),
+        )
     line: dict[str, Any] = {
         "id": event.request_id,
         "custom_id": event.batch.custom_id,

@@ -1,10 +1,10 @@
 """Batch input validation: one JSONL line per request, as OpenAI's Batch API defines it.
 
-Each line is ``{"custom_id": str, "method": "POST", "url": "/v1/chat/completions", "body":
-{...chat completion request...}}``. Validation reads the whole file once and reports every
-problem with its 1-based line number (up to `MAX_REPORTED_ERRORS`); a batch with any error fails
-as a whole, before anything runs. Blank lines are skipped and do not count as requests, so a
-request's index (0-based, among requests) is the same in validation and in fan-out.
+Each line is ``{"custom_id": str, "method": "POST", "url": <the batch's endpoint>, "body":
+{...chat completion or completion request...}}``. Validation reads the whole file once and
+reports every problem with its 1-based line number (up to `MAX_REPORTED_ERRORS`); a batch with
+any error fails as a whole, before anything runs. Blank lines are skipped and do not count as
+requests, so a request's index (0-based, among requests) is the same in validation and in fan-out.
 
 Pure logic: the caller streams lines in (see `batch.ports.iter_lines`).
 """
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from schemas.batches import BATCH_ENDPOINT, BatchError
+from schemas.batches import BatchEndpoint, BatchError
 from schemas.chat import ChatCompletionRequest
+from schemas.completions import CompletionRequest
 
 MAX_REPORTED_ERRORS = 100
 """Errors listed on a failed batch; the rest are counted in the last message."""
@@ -33,7 +34,7 @@ class BatchLine:
     line_no: int
     """1-based line number in the file."""
     custom_id: str
-    body: ChatCompletionRequest
+    body: ChatCompletionRequest | CompletionRequest
 
 
 @dataclass
@@ -61,7 +62,9 @@ class LineError(ValueError):
         self.param = param
 
 
-def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
+def parse_line(
+    raw: bytes, index: int, line_no: int, endpoint: BatchEndpoint = "/v1/chat/completions"
+) -> BatchLine:
     """One line to a `BatchLine`, or `LineError` saying what is wrong with it."""
     try:
         item = json.loads(raw)
@@ -78,8 +81,8 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
         )
     if item.get("method") != "POST":
         raise LineError("invalid_method", "`method` must be `POST`.", "method")
-    if item.get("url") != BATCH_ENDPOINT:
-        raise LineError("invalid_url", f"`url` must be `{BATCH_ENDPOINT}`.", "url")
+    if item.get("url") != endpoint:
+        raise LineError("invalid_url", f"`url` must be the batch's endpoint, `{endpoint}`.", "url")
     unknown = set(item) - {"custom_id", "method", "url", "body"}
     if unknown:
         raise LineError(
@@ -90,8 +93,9 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
     body = item.get("body")
     if not isinstance(body, dict):
         raise LineError("missing_required_parameter", "Each line needs an object `body`.", "body")
+    shape = CompletionRequest if endpoint == "/v1/completions" else ChatCompletionRequest
     try:
-        request = ChatCompletionRequest.model_validate(body)
+        request: ChatCompletionRequest | CompletionRequest = shape.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -102,10 +106,15 @@ def parse_line(raw: bytes, index: int, line_no: int) -> BatchLine:
         raise LineError("invalid_request", "Batch requests cannot stream.", "body.stream")
     if request.choices > 1:
         raise LineError("invalid_request", "Batch lines ask for one choice (n=1).", "body.n")
-    if request.logprobs:
+    if request.logprobs_count is not None:
         raise LineError(
             "invalid_request", "Batch lines cannot ask for logprobs yet.", "body.logprobs"
         )
+    if isinstance(request, CompletionRequest):
+        if len(request.prompts) > 1:
+            raise LineError("invalid_request", "Batch lines carry one prompt.", "body.prompt")
+        if request.echo:
+            raise LineError("invalid_request", "Batch lines cannot echo yet.", "body.echo")
     return BatchLine(index=index, line_no=line_no, custom_id=custom_id, body=request)
 
 
@@ -131,7 +140,10 @@ async def numbered_requests(lines: AsyncIterable[bytes]) -> AsyncIterable[tuple[
 
 
 async def validate(
-    lines: AsyncIterable[bytes], models: Collection[str], max_requests: int
+    lines: AsyncIterable[bytes],
+    models: Collection[str],
+    max_requests: int,
+    endpoint: BatchEndpoint = "/v1/chat/completions",
 ) -> ValidationReport:
     """Check every line; a batch must name one known model throughout."""
     report = ValidationReport()
@@ -144,7 +156,7 @@ async def validate(
             )
             break
         try:
-            line = parse_line(raw, index, line_no)
+            line = parse_line(raw, index, line_no, endpoint)
         except LineError as exc:
             report.add(line_no, exc.code, exc.message, exc.param)
             continue

@@ -24,8 +24,14 @@ BatchStatus = Literal[
 FINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 """Statuses a batch never leaves."""
 
-BATCH_ENDPOINT = "/v1/chat/completions"
-"""The one endpoint llmq batches serve."""
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions"]
+BATCH_ENDPOINTS: tuple[BatchEndpoint, ...] = ("/v1/chat/completions", "/v1/completions")
+"""The endpoints llmq batches serve; every line of a batch calls its batch's endpoint."""
+
+
+def endpoint_of(batch: Batch) -> BatchEndpoint:
+    """A batch's endpoint (validated at creation: one of `BATCH_ENDPOINTS`)."""
+    return "/v1/completions" if batch.endpoint == "/v1/completions" else "/v1/chat/completions"
 
 
 class BatchError(BaseModel):

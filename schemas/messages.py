@@ -116,6 +116,8 @@ class BatchLineRef(BaseModel):
     line: int
     """0-based index of the line in the input file."""
     custom_id: str
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"] = "/v1/chat/completions"
+    """The batch's endpoint: its output lines have that endpoint's response shape."""
 
 
 class ReplayMarker(BaseModel):

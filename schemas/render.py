@@ -18,6 +18,10 @@ class PromptTooLong(ValueError):
     """The messages cannot fit the model's context, known without tokenizing them."""
 
 
+class BadTokenIds(ValueError):
+    """A prompt of token ids holds ids outside the model's vocabulary."""
+
+
 class NoFillInTheMiddle(ValueError):
     """A `suffix` was given for a model whose tokenizer has no fill-in-the-middle tokens."""
 
@@ -163,10 +167,28 @@ class ChatRenderer:
             f"suffix is not supported: the tokenizer of `{model}` has no fill-in-the-middle tokens."
         )
 
-    def encode(self, model: str, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a completion prompt (unchecked: call `check_text_fits` first)."""
+    def completion_prompt(
+        self,
+        model: str,
+        prompt: str | list[int],
+        suffix: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> list[int]:
+        """Token ids of a completions prompt: text is checked to fit (`PromptTooLong`), put in
+        the fill-in-the-middle format with a `suffix` (`NoFillInTheMiddle`), and tokenized;
+        token ids are checked against the vocabulary (`BadTokenIds`)."""
+        if isinstance(prompt, list):
+            if suffix is not None:
+                raise NoFillInTheMiddle("suffix needs a text prompt.")
+            vocab = self.vocab_size(model)
+            if any(token >= vocab for token in prompt):
+                raise BadTokenIds(f"Token ids must be below the vocabulary size ({vocab}).")
+            return prompt
+        if suffix is not None:
+            prompt = self.fill_in_the_middle(model, prompt, suffix)
+        self.check_text_fits(model, prompt)
         tokenizer = self._tokenizers[model]
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
 
     def decode(self, model: str, token_ids: list[int]) -> str:
         """The text of token ids (a prompt given as ids, for `echo`)."""

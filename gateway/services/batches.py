@@ -13,7 +13,7 @@ import structlog
 from batch.ports import FileStore
 from batch.state_port import BatchStore, StoredBatch
 from gateway.errors import ApiError
-from schemas.batches import BATCH_ENDPOINT, Batch, BatchCreateRequest, BatchList
+from schemas.batches import BATCH_ENDPOINTS, Batch, BatchCreateRequest, BatchList
 from schemas.messages import BatchCreatedEvent
 
 log = structlog.get_logger()
@@ -41,8 +41,9 @@ class BatchesService:
         self._window_s = window_s
 
     async def create(self, team: str, request: BatchCreateRequest) -> Batch:
-        if request.endpoint != BATCH_ENDPOINT:
-            raise ApiError(400, f"llmq batches support only `{BATCH_ENDPOINT}`.", param="endpoint")
+        if request.endpoint not in BATCH_ENDPOINTS:
+            served = "`, `".join(BATCH_ENDPOINTS)
+            raise ApiError(400, f"llmq batches serve `{served}`.", param="endpoint")
         if request.completion_window != COMPLETION_WINDOW:
             raise ApiError(400, "`completion_window` must be `24h`.", param="completion_window")
         _check_metadata(request.metadata)

@@ -29,7 +29,7 @@ from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment
 from schemas.generation import GenerationRequest
 from schemas.messages import CallerTags, InferenceJob, sampling_settings
-from schemas.render import ChatRenderer, NoFillInTheMiddle, PromptTooLong
+from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
 
@@ -242,29 +242,18 @@ class JobIntake:
     async def _encode(
         self, model: str, request: CompletionRequest, prompt: str | list[int]
     ) -> list[int]:
-        """A completion prompt's token ids: text is tokenized off the event loop (with the
-        model's fill-in-the-middle format when a `suffix` is given); ids are checked."""
-        if isinstance(prompt, list):
-            if request.suffix is not None:
-                raise ApiError(400, "suffix needs a text prompt.", param="suffix")
-            vocab = self._renderer.vocab_size(model)
-            if any(token >= vocab for token in prompt):
-                raise ApiError(
-                    400, f"Token ids must be below the vocabulary size ({vocab}).", param="prompt"
-                )
-            return prompt
+        """A completions prompt's token ids, tokenized off the event loop."""
+        args = (model, prompt, request.suffix, request.add_special_tokens)
         try:
-            if request.suffix is not None:
-                prompt = self._renderer.fill_in_the_middle(model, prompt, request.suffix)
-            self._renderer.check_text_fits(model, prompt)
+            if self._offload is None:
+                return self._renderer.completion_prompt(*args)
+            ids: list[int] = await self._offload(self._renderer.completion_prompt, *args)
         except NoFillInTheMiddle as exc:
             raise ApiError(400, str(exc), param="suffix") from exc
+        except BadTokenIds as exc:
+            raise ApiError(400, str(exc), param="prompt") from exc
         except PromptTooLong as exc:
             raise context_length_exceeded(str(exc), "prompt") from exc
-        encode = self._renderer.encode
-        if self._offload is None:
-            return encode(model, prompt, request.add_special_tokens)
-        ids: list[int] = await self._offload(encode, model, prompt, request.add_special_tokens)
         return ids
 
     def prompt_text(self, job: InferenceJob) -> str:

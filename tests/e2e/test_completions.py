@@ -4,6 +4,7 @@ the fields it refuses."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -11,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.e2e.conftest import Stack
+from tests.e2e.test_batches import FINAL, lines_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -152,3 +154,50 @@ def test_what_cannot_be_served_is_refused_with_400(
     assert isinstance(error, dict) and error.get("message")
     if param is not None:
         assert error.get("param") == param
+
+
+def test_a_completions_batch_answers_each_line_as_a_text_completion(
+    client: openai.OpenAI, stack: Stack
+) -> None:
+    prompts = [PROMPT, "import os\n", "x = 1\n"]
+    lines = [
+        {
+            "custom_id": f"c-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": stack.model, "prompt": p, "max_tokens": 4, "temperature": 0},
+        }
+        for i, p in enumerate(prompts)
+    ]
+    data = b"\n".join(json.dumps(line).encode() for line in lines)
+    uploaded = client.files.create(file=("cmpl.jsonl", data, "application/jsonl"), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    done = wait_for(client, batch.id, lambda b: b.status in FINAL, within=240)
+    assert done.status == "completed" and done.request_counts.completed == 3
+    out = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    for i, prompt in enumerate(prompts):
+        body = out[f"c-{i}"]["response"]["body"]
+        assert body["object"] == "text_completion"
+        direct = _complete(client, prompt=prompt, max_tokens=4, temperature=0)
+        assert body["choices"][0]["text"] == direct.choices[0].text
+        assert body["usage"]["prompt_tokens"] == direct.usage.prompt_tokens
+
+
+def test_a_batch_line_must_call_its_batchs_endpoint(client: openai.OpenAI, stack: Stack) -> None:
+    line = {
+        "custom_id": "wrong-url",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": stack.model, "prompt": PROMPT, "max_tokens": 2},
+    }
+    uploaded = client.files.create(
+        file=("wrong.jsonl", json.dumps(line).encode(), "application/jsonl"), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    done = wait_for(client, batch.id, lambda b: b.status in FINAL, within=60)
+    assert done.status == "failed"
+    assert done.errors is not None and done.errors.data[0].param == "url"
