@@ -110,6 +110,8 @@ def parse_line(
         raise LineError(
             "invalid_request", "Batch lines cannot ask for logprobs yet.", "body.logprobs"
         )
+    if isinstance(request, ChatCompletionRequest) and request.tool_plan is not None:
+        raise LineError("invalid_request", "Batch lines cannot call tools yet.", "body.tool_choice")
     if isinstance(request, CompletionRequest):
         if len(request.prompts) > 1:
             raise LineError("invalid_request", "Batch lines carry one prompt.", "body.prompt")

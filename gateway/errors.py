@@ -82,6 +82,9 @@ async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     first: dict[str, object] = dict(errors[0]) if errors else {}
     loc = first.get("loc", ())
     param = _param_of(tuple(loc)) if isinstance(loc, (tuple, list)) else None
+    context = first.get("ctx")
+    if param is None and isinstance(context, dict) and isinstance(context.get("param"), str):
+        param = context["param"]  # a whole-body check that names the field to fix
     if first.get("type") == "json_invalid":
         param = None
     body = error_body(_validation_message(first, param), "invalid_request_error", param=param)

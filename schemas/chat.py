@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -29,6 +30,16 @@ from schemas.generation import (
     Strict,
     Tier,
 )
+from schemas.tools import (
+    MAX_TOOLS,
+    FunctionCallChoice,
+    FunctionDefinition,
+    FunctionTool,
+    ToolChoice,
+    ToolPlan,
+    ToolsError,
+    tool_plan,
+)
 
 __all__ = [
     "MAX_CHOICES",
@@ -40,10 +51,8 @@ __all__ = [
     "Tier",
 ]
 
-_Strict = Strict
 
-
-class TextContentPart(_Strict):
+class TextContentPart(Strict):
     type: Literal["text"]
     text: str
 
@@ -51,30 +60,30 @@ class TextContentPart(_Strict):
 MessageContent = str | list[TextContentPart]
 
 
-class SystemMessage(_Strict):
+class SystemMessage(Strict):
     role: Literal["system", "developer"]
     content: MessageContent
     name: str | None = None
 
 
-class UserMessage(_Strict):
+class UserMessage(Strict):
     role: Literal["user"]
     content: MessageContent
     name: str | None = None
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     name: str
     arguments: str
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class AssistantMessage(_Strict):
+class AssistantMessage(Strict):
     role: Literal["assistant"]
     content: MessageContent | None = None
     name: str | None = None
@@ -82,7 +91,7 @@ class AssistantMessage(_Strict):
     refusal: str | None = None
 
 
-class ToolMessage(_Strict):
+class ToolMessage(Strict):
     role: Literal["tool"]
     content: MessageContent
     tool_call_id: str
@@ -103,20 +112,17 @@ def content_text(content: MessageContent | None) -> str:
 
 
 _NOT_SERVED = {
-    "tools": "tool calling is not served yet",
-    "tool_choice": "tool calling is not served yet",
-    "functions": "function calling is not served yet",
-    "function_call": "function calling is not served yet",
     "audio": "the models served produce text only",
     "web_search_options": "llmq runs no web search",
     "moderation": "llmq runs no moderation",
 }
-"""OpenAI fields accepted by name but refused when set, with the reason (issue 11 plans to
-serve log probabilities and tool calls)."""
+"""OpenAI fields accepted by name but refused when set, with the reason."""
 
 
 class ChatCompletionRequest(GenerationRequest):
     """`POST /v1/chat/completions` body (the shared fields are `GenerationRequest`'s)."""
+
+    _tool_plan: ToolPlan | None = PrivateAttr(default=None)
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -127,7 +133,7 @@ class ChatCompletionRequest(GenerationRequest):
     modalities: list[Literal["text", "audio"]] | None = None
     """Only text can be produced: `["text"]` is accepted, audio is refused."""
     parallel_tool_calls: bool | None = None
-    """Accepted; no effect (tool calling is not served yet)."""
+    """With tool_choice "required": false allows exactly one call."""
     verbosity: Literal["low", "medium", "high"] | None = None
     """Accepted; no effect (the models served take no verbosity control)."""
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
@@ -137,12 +143,16 @@ class ChatCompletionRequest(GenerationRequest):
     prediction: dict[str, Any] | None = None
     """Accepted; no effect: a predicted output only speeds OpenAI's models up, the answer is
     the same."""
-    # OpenAI fields llmq cannot honour (yet): named here so they get a clear 400, not an
+    tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    """A named function or "required": the output is the call (constrained to the schema);
+    "none": text; "auto" (the default with tools) is refused, see `schemas.tools`."""
+    functions: list[FunctionDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    """Legacy form of `tools`."""
+    function_call: FunctionCallChoice | None = None
+    """Legacy form of `tool_choice`; answered as `message.function_call`."""
+    # OpenAI fields llmq cannot honour: named here so they get a clear 400, not an
     # "unrecognized argument".
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
     audio: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     moderation: dict[str, Any] | None = None
@@ -176,6 +186,44 @@ class ChatCompletionRequest(GenerationRequest):
         if modalities and any(m != "text" for m in modalities):
             raise ValueError("the models served produce text only")
         return modalities
+
+    @model_validator(mode="after")
+    def _tools_are_consistent(self) -> ChatCompletionRequest:
+        try:
+            plan = tool_plan(
+                self.tools,
+                self.tool_choice,
+                self.functions,
+                self.function_call,
+                self.parallel_tool_calls,
+            )
+        except ToolsError as exc:  # the param rides in the context: the gateway names it
+            raise PydanticCustomError(
+                "invalid_tools", "{why}", {"why": str(exc), "param": exc.param}
+            ) from exc
+        constrained = self.structured_outputs is not None or (
+            self.response_format is not None and self.response_format.type != "text"
+        )
+        if plan is not None and constrained:
+            raise ValueError("a tool choice cannot be combined with a JSON response format")
+        self._tool_plan = plan
+        return self
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """How the output becomes tool calls (None: it is text)."""
+        return self._tool_plan
+
+    @property
+    def tool_schema(self) -> dict[str, Any] | None:
+        return None if self._tool_plan is None else self._tool_plan.schema()
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as chat templates take them (legacy functions as tools)."""
+        defined = [t.function for t in self.tools or ()] or list(self.functions or ())
+        if not defined:
+            return None
+        return [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in defined]
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -229,6 +277,9 @@ class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None
+    """Legacy: the call of a request that used `functions`."""
 
 
 class Choice(BaseModel):
@@ -249,9 +300,25 @@ class ChatCompletion(BaseModel):
     service_tier: ServiceTier | None = None
 
 
+class ChoiceDeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChoiceDeltaToolCall(BaseModel):
+    """Part of a streamed tool call: the first part names it, later ones add arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChoiceDeltaFunction | None = None
+
+
 class ChoiceDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
+    function_call: ChoiceDeltaFunction | None = None
 
 
 class ChunkChoice(BaseModel):

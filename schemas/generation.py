@@ -229,6 +229,11 @@ class GenerationRequest(Strict):
         return self.max_tokens
 
     @property
+    def tool_schema(self) -> dict[str, Any] | None:
+        """The JSON schema a tool choice constrains the output to (None: no tool call)."""
+        return None
+
+    @property
     def logprobs_count(self) -> int | None:
         """None: no log probabilities; N: each token's, with the N most likely alternatives."""
         return None

@@ -71,7 +71,7 @@ class SamplingSettings(BaseModel):
 def sampling_settings(request: GenerationRequest, max_tokens: int) -> SamplingSettings:
     fmt = request.response_format
     structured = request.structured_outputs
-    json_schema = None
+    json_schema = request.tool_schema
     if fmt is not None and fmt.type == "json_schema":
         json_schema = fmt.json_schema.schema_ or {"type": "object"}
     elif structured is not None and isinstance(structured.json_, dict):

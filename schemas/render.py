@@ -6,11 +6,12 @@ and send exactly the same tokens.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas.chat import AssistantMessage, ChatMessage, ToolMessage, content_text
+from schemas.chat import AssistantMessage, ChatMessage, ToolCall, ToolMessage, content_text
 from schemas.deployment import Deployment
 
 
@@ -75,11 +76,24 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         role = "system" if message.role == "developer" else message.role
         item: dict[str, Any] = {"role": role, "content": content_text(message.content)}
         if isinstance(message, AssistantMessage) and message.tool_calls:
-            item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+            item["tool_calls"] = [_template_call(call) for call in message.tool_calls]
         if isinstance(message, ToolMessage):
             item["tool_call_id"] = message.tool_call_id
         out.append(item)
     return out
+
+
+def _template_call(call: ToolCall) -> dict[str, Any]:
+    """A call in the history as templates take it: arguments as an object when they parse
+    (templates write them with `tojson`), as vLLM passes them."""
+    item = call.model_dump()
+    try:
+        arguments = json.loads(call.function.arguments)
+    except ValueError:
+        return item
+    if isinstance(arguments, dict):
+        item["function"]["arguments"] = arguments
+    return item
 
 
 def _text_chars(message: ChatMessage) -> int:
@@ -138,12 +152,15 @@ class ChatRenderer:
         self.check_fits(model, messages)
         return self.tokenize(model, messages)
 
-    def tokenize(self, model: str, messages: list[ChatMessage]) -> list[int]:
+    def tokenize(
+        self, model: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of the prompt, unchecked: slow for long prompts, so callers that run it
-        off the event loop call `check_fits` first, on the loop (it is cheap)."""
+        off the event loop call `check_fits` first, on the loop (it is cheap). `tools` go to
+        the template (templates that know tools describe them to the model)."""
         tokenizer = self._tokenizers[model]
         text = tokenizer.apply_chat_template(
-            template_messages(messages), tokenize=False, add_generation_prompt=True
+            template_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True
         )
         return list(tokenizer.encode(str(text), add_special_tokens=False))
 

@@ -10,6 +10,7 @@ import structlog
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.services.jobs import ActiveRequest, JobRelay, served_tier
+from gateway.services.tool_calls import ToolCallAnswer
 from schemas.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -54,7 +55,9 @@ class ChatService(JobRelay):
         except ApiError as exc:
             self._metrics.requests.labels(request.model, str(exc.status)).inc()
             raise
-        return await self.launch(admitted)
+        active = await self.launch(admitted)
+        active.tools = request.tool_plan
+        return active
 
     async def stream_chunks(
         self, active: ActiveRequest, include_usage: bool, continuous_usage: bool = False
@@ -100,10 +103,24 @@ class ChatService(JobRelay):
             named.add(index)
             return "assistant"
 
+        plan = active.tools
+        answers: dict[int, ToolCallAnswer] = {}
+
+        def answer(index: int) -> ToolCallAnswer | None:
+            if plan is None:
+                return None
+            return answers.setdefault(index, ToolCallAnswer(plan))
+
         try:
             async for event in self.events(active):
                 if isinstance(event, TokenEvent):
-                    if event.text or event.logprobs:
+                    calls = answer(event.index)
+                    if calls is not None:  # tool calls: arguments stream, or wait for the end
+                        delta = calls.delta(event.text)
+                        if delta is not None:
+                            delta.role = role(event.index)
+                            yield chunk(delta, index=event.index)
+                    elif event.text or event.logprobs:
                         yield chunk(
                             ChoiceDelta(role=role(event.index), content=event.text),
                             logprobs=_choice_logprobs(event.logprobs),
@@ -111,6 +128,12 @@ class ChatService(JobRelay):
                         )
                 elif isinstance(event, FinishEvent):
                     for index, reason in enumerate(_finish_reasons(event)):
+                        calls = answer(index)
+                        if calls is not None:
+                            last, reason = calls.last_delta(reason)
+                            if last is not None:
+                                last.role = role(index)
+                                yield chunk(last, index=index)
                         if index not in named:  # an empty answer still names its role
                             yield chunk(ChoiceDelta(role=role(index), content=""), index=index)
                         yield chunk(ChoiceDelta(), finish=reason, index=index)
@@ -136,21 +159,27 @@ class ChatService(JobRelay):
                 logprobs.setdefault(event.index, []).extend(event.logprobs or ())
             elif isinstance(event, FinishEvent):
                 wants_logprobs = active.job.sampling.logprobs is not None
-                return ChatCompletion(
-                    id=active.job.request_id,
-                    created=active.created,
-                    model=active.job.model,
-                    choices=[
+                choices = []
+                for index, reason in enumerate(_finish_reasons(event)):
+                    text = "".join(parts.get(index, []))
+                    message = ChatCompletionMessage(content=text)
+                    if active.tools is not None:
+                        message, reason = ToolCallAnswer(active.tools).message(text, reason)
+                    choices.append(
                         Choice(
                             index=index,
-                            message=ChatCompletionMessage(content="".join(parts.get(index, []))),
+                            message=message,
                             finish_reason=reason,
                             logprobs=ChoiceLogprobs(content=logprobs.get(index, []))
                             if wants_logprobs
                             else None,
                         )
-                        for index, reason in enumerate(_finish_reasons(event))
-                    ],
+                    )
+                return ChatCompletion(
+                    id=active.job.request_id,
+                    created=active.created,
+                    model=active.job.model,
+                    choices=choices,
                     usage=completion_usage(event.usage),
                     service_tier=served_tier(active.job),
                 )

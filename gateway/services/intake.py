@@ -230,10 +230,11 @@ class JobIntake:
         before any tokenizing."""
         try:
             self._renderer.check_fits(model, request.messages)
+            tools = request.template_tools()
             if self._offload is None:
-                return self._renderer.tokenize(model, request.messages)
+                return self._renderer.tokenize(model, request.messages, tools)
             prompt: list[int] = await self._offload(
-                self._renderer.tokenize, model, request.messages
+                self._renderer.tokenize, model, request.messages, tools
             )
         except PromptTooLong as exc:
             raise context_length_exceeded(str(exc)) from exc

@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.services.intake import AdmittedJob, JobIntake
 from schemas.generation import ServiceTier
 from schemas.messages import CancelEvent, ErrorEvent, FinishEvent, InferenceJob, TokenEvent
+from schemas.tools import ToolPlan
 from topics.ports import CancelBus, ReplyEventT, ReplyRelay, ReplySubscription
 
 log = structlog.get_logger()
@@ -44,6 +45,8 @@ class ActiveRequest:
     attempt: int = 0
     """The run of the job whose tokens this request relays (0 until the first token)."""
     outcome: str = "abandoned"
+    tools: ToolPlan | None = None
+    """How the answer becomes tool calls (chat requests with a tool choice)."""
     _done: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 

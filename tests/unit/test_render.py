@@ -61,7 +61,7 @@ def test_render_uses_the_models_template_with_a_generation_prompt() -> None:
     renderer = ChatRenderer({"m": tok})
     ids = renderer.render("m", _messages({"role": "user", "content": "hi"}).messages)
     assert "".join(chr(i) for i in ids) == "user: hi\nassistant:"
-    assert tok.kwargs == {"tokenize": False, "add_generation_prompt": True}
+    assert tok.kwargs == {"tools": None, "tokenize": False, "add_generation_prompt": True}
 
 
 class NeverTokenizes(RecordingTokenizer):

@@ -227,9 +227,6 @@ def test_newer_openai_fields_without_effect_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "param", "why"),
     [
-        ({"tools": [{"type": "function"}]}, "tools", "tool calling"),
-        ({"tool_choice": "required"}, "tool_choice", "tool calling"),
-        ({"functions": [{"name": "f"}]}, "functions", "function calling"),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio", "text only"),
         ({"web_search_options": {}}, "web_search_options", "web search"),
         ({"moderation": {"model": "m"}}, "moderation", "moderation"),
