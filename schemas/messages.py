@@ -222,6 +222,9 @@ class TokenEvent(Message):
     """The step's tokens with their log probabilities, when the request asked for them."""
     index: int = 0
     """The choice it belongs to (requests with `n` > 1)."""
+    generated_at: float | None = None
+    """When the worker received the step from the engine (Unix time): how streaming is
+    checked to send nothing before the first generated token, and relay latency measured."""
 
 
 class FinishEvent(Message):

@@ -180,6 +180,7 @@ class JobRunner:
                     attempt=earlier.attempt,
                     logprobs=step.logprobs,
                     index=step.index,
+                    generated_at=time.time(),
                 )
                 if job.stream:  # the caller sees it now: record that, with the publish
                     reached = await self._attempts.publish_delivered(
