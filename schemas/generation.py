@@ -80,6 +80,13 @@ class StructuredOutputs(Strict):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    @field_validator("regex")
+    @classmethod
+    def _no_nul(cls, regex: str | None) -> str | None:
+        if regex is not None and "\x00" in regex:
+            raise ValueError("regex must not contain a NUL character")
+        return regex
+
     @field_validator("json_")
     @classmethod
     def _schema_as_object(cls, schema: dict[str, Any] | str | None) -> dict[str, Any] | str | None:

@@ -38,7 +38,7 @@ from topics.ports import (
     UsageSink,
 )
 from workers.dead_letters import dead_letter_for_failing_job
-from workers.engine.port import EngineClient, EngineStep
+from workers.engine.port import EngineClient, EngineRequestError, EngineStep
 from workers.load import LoadTracker
 
 log = structlog.get_logger()
@@ -218,6 +218,12 @@ class JobRunner:
                 await self._engine.abort(job.request_id)
             outcome, usage = "caller_gone", published
             bound.info("job_abandoned", reason="no gateway listens", tokens=usage.completion_tokens)
+        except EngineRequestError as exc:  # the same on every run: answer it, do not retry
+            bound.info("job_refused_by_engine", tokens=delivered.completion_tokens)
+            outcome, usage = "invalid_request", delivered
+            await self._publish_error(
+                job, "invalid_request", f"The engine refused this request: {exc}", delivered
+            )
         except Exception as exc:
             bound.error("job_failed", error=type(exc).__name__, attempt=earlier.attempt)
             if delivered.completion_tokens == 0:

@@ -9,7 +9,7 @@ import structlog
 
 from gateway.auth import Team
 from gateway.errors import ApiError
-from gateway.services.jobs import ActiveRequest, JobRelay, served_tier
+from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, served_tier
 from gateway.services.tool_calls import ToolCallAnswer
 from schemas.chat import (
     ChatCompletion,
@@ -184,10 +184,5 @@ class ChatService(JobRelay):
                     service_tier=served_tier(active.job),
                 )
             else:
-                raise ApiError(
-                    504 if event.code in ("timeout", "deadline_exceeded") else 500,
-                    event.message,
-                    type_="server_error",
-                    code=event.code,
-                )
+                raise api_error_of(event)
         raise ApiError(500, "The request ended without a result.", type_="server_error")

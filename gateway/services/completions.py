@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.services.chat import completion_usage
-from gateway.services.jobs import ActiveRequest, JobRelay, served_tier
+from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, served_tier
 from schemas.chat import ChatCompletionTokenLogprob, FinishReason
 from schemas.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from schemas.messages import ErrorEvent, FinishEvent, TokenEvent, UsageCounts
@@ -219,12 +219,7 @@ class CompletionService(JobRelay):
                         index = active.choice_index(prompt, choice)
                         choices.setdefault(index, _Choice()).finish_reason = reason
                 else:
-                    raise ApiError(
-                        504 if event.code in ("timeout", "deadline_exceeded") else 500,
-                        event.message,
-                        type_="server_error",
-                        code=event.code,
-                    )
+                    raise api_error_of(event)
         wants_logprobs = active.request.logprobs is not None
         n = active.request.choices
         return self._completion(

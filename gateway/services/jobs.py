@@ -31,6 +31,15 @@ def served_tier(job: InferenceJob) -> ServiceTier:
     return "flex" if job.tier == "batch" else "default"
 
 
+def api_error_of(event: ErrorEvent) -> ApiError:
+    """The HTTP answer to a job that failed: 400 when the engine refused the request itself,
+    504 when it ran out of time, 500 otherwise."""
+    if event.code == "invalid_request":
+        return ApiError(400, event.message, code=event.code)
+    status = 504 if event.code in ("timeout", "deadline_exceeded") else 500
+    return ApiError(status, event.message, type_="server_error", code=event.code)
+
+
 @dataclass
 class ActiveRequest:
     """A produced job whose events this gateway is waiting for."""

@@ -143,6 +143,7 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(client: openai.OpenAI) -> 
         ({"n": 2, "temperature": 0}, "n"),  # greedy choices would all be the same
         ({"prompt": []}, "prompt"),
         ({"bogus_field": 1}, "bogus_field"),
+        ({"structured_outputs": {"regex": "(["}}, None),  # refused by the engine: not retried
     ],
 )
 def test_what_cannot_be_served_is_refused_with_400(

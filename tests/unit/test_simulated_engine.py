@@ -223,7 +223,7 @@ async def test_closing_the_stream_aborts_the_request() -> None:
 
 
 async def test_a_prompt_longer_than_the_context_is_rejected() -> None:
-    from workers.engine.vllm_engine import EngineRequestError
+    from workers.engine.port import EngineRequestError
 
     engine = SimulatedGpuEngine(max_model_len=128, time_scale=FAST)
     await engine.start()

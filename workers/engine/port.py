@@ -13,6 +13,11 @@ from schemas.chat import ChatCompletionTokenLogprob
 from schemas.messages import InferenceJob
 
 
+class EngineRequestError(ValueError):
+    """The engine refused the request itself (a grammar it cannot compile, a value it does
+    not accept): every run would fail the same way, so it is answered, not retried."""
+
+
 @dataclass(frozen=True)
 class EngineStep:
     """What one engine step produced for one request (a delta, not the cumulative output)."""

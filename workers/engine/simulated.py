@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from schemas.messages import InferenceJob
-from workers.engine.port import EngineStats, EngineStep
+from workers.engine.port import EngineRequestError, EngineStats, EngineStep
 from workers.engine.sim_model import (
     H100_SXM,
     H200,
@@ -43,7 +43,7 @@ from workers.engine.sim_model import (
     ReplicaProfile,
     block_hashes,
 )
-from workers.engine.vllm_engine import TIER_PRIORITY, EngineRequestError, openai_finish_reason
+from workers.engine.vllm_engine import TIER_PRIORITY, openai_finish_reason
 
 __all__ = [
     "H100_SXM", "H200", "LLAMA_8B", "LLAMA_70B", "GpuProfile", "ModelProfile", "ReplicaProfile",

@@ -21,7 +21,7 @@ import structlog
 
 from schemas.chat import ChatCompletionTokenLogprob, TopLogprob
 from schemas.messages import InferenceJob, SamplingSettings
-from workers.engine.port import EngineStats, EngineStep
+from workers.engine.port import EngineRequestError, EngineStats, EngineStep
 
 log = structlog.get_logger()
 
@@ -65,10 +65,6 @@ def token_logprobs(
             )
         )
     return tuple(out)
-
-
-class EngineRequestError(ValueError):
-    """The engine rejected the request itself (prompt too long, bad schema): do not retry."""
 
 
 def openai_finish_reason(reason: str | None) -> str:
@@ -249,7 +245,7 @@ class VllmEngine:
 
         try:
             params = self._sampling_params(job.sampling)
-        except VLLMClientError as exc:
+        except (VLLMClientError, ValueError) as exc:  # building them only validates values
             raise EngineRequestError(str(exc)) from exc
         prompt = TokensPrompt(prompt_token_ids=list(job.prompt_token_ids))
         if job.cache_salt is not None:
