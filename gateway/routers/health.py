@@ -12,8 +12,10 @@ router = APIRouter()
 
 
 @router.get("/healthz")
+@router.get("/health")
 async def healthz() -> dict[str, str]:
-    """The process is alive and its event loop answers."""
+    """The process is alive and its event loop answers (`/health` is vLLM's name for it,
+    which benchmark clients made for vLLM check before they start)."""
     return {"status": "ok"}
 
 

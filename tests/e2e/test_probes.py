@@ -20,3 +20,5 @@ def test_every_process_is_healthy_and_ready(stack: Stack) -> None:
             response = httpx.get(url + path, timeout=10)
             assert response.status_code == 200, f"{url}{path}: {response.text}"
     assert httpx.get(f"http://{LOCALHOST}:{stack.probe_ports['worker']}/metrics").status_code == 404
+    # vLLM's liveness path, which benchmark clients made for vLLM check before they start.
+    assert httpx.get(f"{stack.base_url}/health", timeout=10).status_code == 200
