@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
 from schemas.chat import FinishReason
 from schemas.messages import (
-    BatchResultEvent,
-    ErrorEvent,
-    FinishEvent,
     InferenceJob,
     TokenEvent,
     UsageCounts,
@@ -38,7 +35,8 @@ from topics.ports import (
     UsageSink,
 )
 from workers.dead_letters import dead_letter_for_failing_job
-from workers.engine.port import EngineClient, EngineRequestError, EngineStep
+from workers.engine.port import EngineClient, EngineRequestError
+from workers.job_output import Buffered, JobOutput
 from workers.load import LoadTracker
 
 log = structlog.get_logger()
@@ -60,18 +58,6 @@ class JobOrigin:
     fetched_at: float = 0.0
     """When the worker fetched it (wall clock): a job's queue time splits into the time in
     its partition and the time in this worker's buffer."""
-
-
-@dataclass
-class _Buffered:
-    """One choice's output held until the job ends (batch tier: a restart stays unseen)."""
-
-    parts: list[str] = field(default_factory=list)
-    tokens: int = 0
-
-    def add(self, step: EngineStep) -> None:
-        self.parts.append(step.text)
-        self.tokens += step.num_new_tokens
 
 
 class RunFailed(Exception):
@@ -102,9 +88,9 @@ class JobRunner:
         self._attempts = attempts
         self._dead_letters = dead_letters
         self._max_failed_runs = max_failed_runs
-        self._results = results
         self._batch_cancels = batch_cancels
         self._publisher = publisher
+        self._output = JobOutput(publisher, results)
         self._usage = usage
         self._cancels = cancels
         self._ledger = ledger
@@ -149,7 +135,7 @@ class JobRunner:
         outcome = "stop"
         # Batch output is published whole at the end: a batch job may be preempted and run
         # again, and its caller must never see the restart.
-        buffered: dict[int, _Buffered] | None = {} if job.tier == "batch" else None
+        buffered: dict[int, Buffered] | None = {} if job.tier == "batch" else None
         ends: dict[int, FinishReason] = {}  # each choice's finish reason, by index
         published = usage  # what reached a gateway (a non-streaming one buffers it)
         seq = 0
@@ -170,7 +156,7 @@ class JobRunner:
                 if first_token_at is None:
                     first_token_at = time.time()
                 if buffered is not None:
-                    buffered.setdefault(step.index, _Buffered()).add(step)
+                    buffered.setdefault(step.index, Buffered()).add(step)
                     continue
                 event = TokenEvent(
                     request_id=job.request_id,
@@ -198,7 +184,7 @@ class JobRunner:
             outcome = finish_reason
             choices = job.sampling.n
             reasons = tuple(ends.get(i, "stop") for i in range(choices)) if choices > 1 else ()
-            await self._publish_output(job, buffered, finish_reason, usage, reasons)
+            await self._output.finished(job, buffered, finish_reason, usage, reasons)
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
@@ -221,7 +207,7 @@ class JobRunner:
         except EngineRequestError as exc:  # the same on every run: answer it, do not retry
             bound.info("job_refused_by_engine", tokens=delivered.completion_tokens)
             outcome, usage = "invalid_request", delivered
-            await self._publish_error(
+            await self._output.error(
                 job, "invalid_request", f"The engine refused this request: {exc}", delivered
             )
         except Exception as exc:
@@ -229,7 +215,7 @@ class JobRunner:
             if delivered.completion_tokens == 0:
                 raise RunFailed(type(exc).__name__) from exc  # re-queued; the caller saw nothing
             outcome = "engine_error"
-            await self._publish_error(
+            await self._output.error(
                 job, "engine_error", "The engine failed while running this request.", delivered
             )
             usage = delivered
@@ -250,14 +236,14 @@ class JobRunner:
         if job.batch is not None and await self._batch_cancels.is_batch_cancelled(
             job.batch.batch_id
         ):
-            await self._publish_error(
+            await self._output.error(
                 job, "batch_cancelled", "The batch was cancelled before this line ran."
             )
             await self._finished(job, "cancelled", UsageCounts(), time.time())
             return JobOutcome("cancelled", UsageCounts())
         delivered = earlier.delivered  # what an earlier run streamed: billed whatever ends it
         if time.time() > job.deadline:
-            await self._publish_error(
+            await self._output.error(
                 job,
                 "batch_expired" if job.batch is not None else "deadline_exceeded",
                 "The request expired in the queue before a worker could start it.",
@@ -274,7 +260,7 @@ class JobRunner:
                     )
                 )
             bound.warning("job_dead_lettered", reason="engine_failed", failed_runs=earlier.failed)
-            await self._publish_error(
+            await self._output.error(
                 job,
                 "engine_failed",
                 f"The request failed on {earlier.failed} runs and was set aside.",
@@ -285,7 +271,7 @@ class JobRunner:
         if job.stream and job.batch is None and delivered.completion_tokens > 0:
             # Its caller saw tokens from a run that died: re-running would repeat text.
             bound.info("job_interrupted", delivered_tokens=delivered.completion_tokens)
-            await self._publish_error(
+            await self._output.error(
                 job,
                 "stream_interrupted",
                 "The worker running this request stopped after streaming "
@@ -296,81 +282,10 @@ class JobRunner:
             return JobOutcome("interrupted", delivered)
         return None
 
-    async def _publish_output(
-        self,
-        job: InferenceJob,
-        buffered: dict[int, _Buffered] | None,
-        finish_reason: FinishReason,
-        usage: UsageCounts,
-        finish_reasons: tuple[FinishReason, ...] = (),
-    ) -> None:
-        """The successful end: buffered batch output whole, then the finish event."""
-        if job.batch is not None:
-            first = (buffered or {}).get(0)
-            await self._results.publish(
-                BatchResultEvent(
-                    request_id=job.request_id,
-                    batch=job.batch,
-                    model=job.model,
-                    text="".join(first.parts) if first else "",
-                    finish_reason=finish_reason,
-                    usage=usage,
-                    finished_at=time.time(),
-                )
-            )
-            return
-        for index, choice in sorted((buffered or {}).items()):
-            whole = TokenEvent(
-                request_id=job.request_id,
-                seq=index,
-                text="".join(choice.parts),
-                num_tokens=choice.tokens,
-                index=index,
-            )
-            await self._publisher.publish(job.reply_to, whole)
-        finish = FinishEvent(
-            request_id=job.request_id,
-            finish_reason=finish_reason,
-            usage=usage,
-            finish_reasons=finish_reasons,
-        )
-        await self._publisher.publish(job.reply_to, finish)
-
-    async def _publish_error(
-        self, job: InferenceJob, code: str, message: str, usage: UsageCounts | None = None
-    ) -> None:
-        """The failed end: an error event (a batch line's goes to the results topic)."""
-        usage = usage or UsageCounts()
-        if job.batch is not None:
-            await self._results.publish(
-                BatchResultEvent(
-                    request_id=job.request_id,
-                    batch=job.batch,
-                    model=job.model,
-                    error_code=code,
-                    error_message=message,
-                    usage=usage,
-                    finished_at=time.time(),
-                )
-            )
-            return
-        await self._publisher.publish(
-            job.reply_to,
-            ErrorEvent(request_id=job.request_id, code=code, message=message, usage=usage),
-        )
-
     async def tell_unreadable(self, request_id: str, reply_to: str) -> None:
         """End the request of a record that went to the dead-letter topic: its caller learns
         now, not at its deadline. Nothing ran, so nothing is billed."""
-        await self._publisher.publish(
-            reply_to,
-            ErrorEvent(
-                request_id=request_id,
-                code="job_unreadable",
-                message="The worker could not read this request (it was set aside for "
-                "replay); retry it.",
-            ),
-        )
+        await self._output.unreadable(request_id, reply_to)
 
     def cancelled_by_client(self, request_id: str) -> bool:
         """Mark a running job's coming cancellation as its end (not a shutdown); False when

@@ -139,6 +139,9 @@ def direct_server_argv(settings: OverheadSettings, model_path: Path, port: int) 
         "--host", services.LOCALHOST, "--port", str(port),
         "--dtype", settings.dtype, "--max-model-len", str(settings.max_model_len),
         "--max-num-seqs", str(settings.max_num_seqs), "--enforce-eager",
+        # The KV cache size the worker gives its engine (else vLLM's CPU backend reserves
+        # most of the machine's memory and refuses to start beside a running stack).
+        "--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * 2**30)),
         "--enable-prefix-caching", "--scheduling-policy", "priority",
         # Sampling defaults come from the request only, as on the worker.
         "--generation-config", "vllm",
