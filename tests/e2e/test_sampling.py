@@ -17,7 +17,7 @@ ASK = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
-    direct = ("max_tokens", "temperature", "n")
+    direct = ("max_tokens", "temperature", "n", "seed", "stop", "frequency_penalty")
     extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in direct}
     return client.chat.completions.create(
         model="tiny-llama", messages=ASK, extra_body=extra, **kwargs
@@ -58,6 +58,35 @@ def test_a_stop_token_id_ends_the_answer(client: openai.OpenAI, stack: Stack) ->
     stopped = _chat(client, max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[ids[3]])
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens < 12
+
+
+def test_a_seed_repeats_a_sampled_answer(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+    first, again = (_chat(client, seed=11, **kwargs) for _ in range(2))
+    assert first.choices[0].message.content == again.choices[0].message.content
+    others = {_chat(client, seed=s, **kwargs).choices[0].message.content for s in (12, 13)}
+    assert others != {first.choices[0].message.content}
+
+
+def test_stop_strings_end_the_answer_with_or_without_the_stop(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    whole = _chat(client, **kwargs).choices[0].message.content
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 3]
+    cut = _chat(client, stop=[stop], **kwargs).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.message.content == whole[: whole.index(stop)]
+    kept = _chat(client, stop=[stop], include_stop_str_in_output=True, **kwargs).choices[0]
+    assert kept.message.content == whole[: whole.index(stop) + len(stop)]
+
+
+def test_min_p_1_is_greedy_and_penalties_change_a_greedy_answer(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"max_tokens": 32, "ignore_eos": True}
+    greedy = _chat(client, temperature=0, **kwargs).choices[0].message.content
+    only_the_likeliest = _chat(client, temperature=1.0, min_p=1.0, seed=7, **kwargs)
+    assert only_the_likeliest.choices[0].message.content == greedy
+    for penalty in ({"repetition_penalty": 2.0}, {"frequency_penalty": 2.0}):
+        penalised = _chat(client, temperature=0, **penalty, **kwargs)
+        assert penalised.choices[0].message.content != greedy, penalty
 
 
 def test_unknown_fields_are_still_refused(client: openai.OpenAI) -> None:
