@@ -57,6 +57,9 @@ def context_length_exceeded(message: str, param: str = "messages") -> ApiError:
 class AdmittedJob:
     job: InferenceJob
     partition: int | None
+    predicted_ttft_s: float | None = None
+    """Admission's prediction of the time to first token (interactive jobs), checked
+    against the actual one when the first token arrives."""
 
 
 class JobIntake:
@@ -136,6 +139,7 @@ class JobIntake:
         choices = request.choices  # each may use max_tokens: all are reserved, all are billed
 
         pool, tier = deployment.pool, request.effective_tier
+        predicted: float | None = None
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
             limit = self._admission.queue_limit(
@@ -167,6 +171,9 @@ class JobIntake:
                     "overloaded",
                 )
 
+            predicted = self._admission.predictor.predict(
+                prompt_tokens=len(prompt), queued_tokens=outcome.ahead, prefill_tokens_per_s=rate
+            )
         else:
             await self._backlog.add(pool, tier, len(prompt), team.name)  # batch: never refused
 
@@ -211,7 +218,7 @@ class JobIntake:
             caller=CallerTags.of(request),
         )
         if self._router is None:  # random routing: the broker's partitioner decides
-            return AdmittedJob(job=job, partition=None)
+            return AdmittedJob(job=job, partition=None, predicted_ttft_s=predicted)
         partitions = await self._queue.partitions(deployment.pool, tier)
         route = self._router.choose(
             pool=deployment.pool,
@@ -223,7 +230,7 @@ class JobIntake:
             topic=catalog.job_topic(deployment.pool, tier),
             cache_key=request.prompt_cache_key,
         )
-        return AdmittedJob(job=job, partition=route.partition)
+        return AdmittedJob(job=job, partition=route.partition, predicted_ttft_s=predicted)
 
     async def _render(self, model: str, request: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids, tokenized off the event loop; what cannot fit is refused

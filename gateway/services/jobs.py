@@ -54,6 +54,8 @@ class ActiveRequest:
     attempt: int = 0
     """The run of the job whose tokens this request relays (0 until the first token)."""
     outcome: str = "abandoned"
+    predicted_ttft_s: float | None = None
+    """Admission's predicted time to first token (interactive jobs)."""
     tools: ToolPlan | None = None
     """How the answer becomes tool calls (chat requests with a tool choice)."""
     _done: bool = field(default=False, repr=False)
@@ -112,9 +114,16 @@ class JobRelay:
             partition=receipt.partition,
             offset=receipt.offset,
             prompt_tokens=len(job.prompt_token_ids),
+            predicted_ttft_s=None
+            if admitted.predicted_ttft_s is None
+            else round(admitted.predicted_ttft_s, 4),
         )
         return ActiveRequest(
-            job=job, subscription=subscription, arrived=job.created_at, created=int(job.created_at)
+            job=job,
+            subscription=subscription,
+            arrived=job.created_at,
+            created=int(job.created_at),
+            predicted_ttft_s=admitted.predicted_ttft_s,
         )
 
     async def events(self, active: ActiveRequest) -> AsyncIterator[ReplyEventT]:
@@ -165,7 +174,12 @@ class JobRelay:
         if isinstance(event, TokenEvent) and event.num_tokens > 0:
             if active.first_token_at is None:
                 active.first_token_at = now
-                self._metrics.ttft.labels(active.job.model).observe(now - active.arrived)
+                actual = now - active.arrived
+                self._metrics.ttft.labels(active.job.model).observe(actual)
+                if active.predicted_ttft_s is not None:
+                    self._metrics.observe_prediction(
+                        active.job.model, active.predicted_ttft_s, actual
+                    )
             active.last_token_at = now
             active.tokens += event.num_tokens
         elif isinstance(event, FinishEvent):
@@ -202,4 +216,7 @@ class JobRelay:
             if active.first_token_at
             else None,
             e2e_s=round(now - active.arrived, 4),
+            predicted_ttft_s=None
+            if active.predicted_ttft_s is None
+            else round(active.predicted_ttft_s, 4),
         )

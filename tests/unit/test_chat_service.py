@@ -329,3 +329,23 @@ async def test_jobs_carry_their_teams_cache_salt() -> None:
     assert a.cache_salt == deployment.cache_salt("a")
     assert b.cache_salt == deployment.cache_salt("b") != a.cache_salt
     assert narrowed.cache_salt == deployment.cache_salt("a", "mine")
+
+
+async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
+    backlog = Backlog()
+    await backlog.add("p", "interactive", 1_000)  # 0.5 s of prefill at the 2,000 tok/s fallback
+    service, _, _ = await _service(backlog=backlog)
+    active = await service.start(_req(), Team("t"))
+    # overhead 0.05 s + (1,000 queued + 2 own prompt tokens) / 2,000 tok/s
+    assert active.predicted_ttft_s == pytest.approx(0.05 + 1_002 / 2_000)
+    assert (await service.start(_req(tier="batch"), Team("t"))).predicted_ttft_s is None
+    _ = [c async for c in service.stream_chunks(active, include_usage=False)]
+    registry = service._metrics.registry
+    count = registry.get_sample_value("llmq_ttft_prediction_abs_error_ratio_count", {"model": "m"})
+    assert count == 1  # one interactive request reached its first token
+    assert active.first_token_at is not None
+    actual = active.first_token_at - active.arrived
+    error = registry.get_sample_value("llmq_ttft_prediction_abs_error_ratio_sum", {"model": "m"})
+    assert error == pytest.approx(abs(active.predicted_ttft_s - actual) / actual)
+    signed = registry.get_sample_value("llmq_ttft_prediction_error_ratio_count", {"model": "m"})
+    assert signed == 1
