@@ -126,6 +126,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "path": str(model_path),
         "pool": settings.pool,
         "max_model_len": settings.max_model_len,
+        "tool_call_parser": settings.tool_call_parser,
     }
     return {
         "LLMQ_KAFKA_BOOTSTRAP": bootstrap,

@@ -32,6 +32,8 @@ class DevStackSettings(BaseSettings):
     """Longest prompt + completion the worker accepts, in tokens."""
     max_num_seqs: int = 16
     """Most sequences the worker's engine runs at once."""
+    tool_call_parser: str | None = "hermes"
+    """How the model writes tool calls in text, for `tool_choice: "auto"` (None: refused)."""
     kv_cache_gib: float = 1.0
     """KV-cache memory of the worker's engine, in GiB."""
     partitions: int = 8

@@ -146,7 +146,8 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     """A named function or "required": the output is the call (constrained to the schema);
-    "none": text; "auto" (the default with tools) is refused, see `schemas.tools`."""
+    "none": text; "auto" (the default with tools): text or calls, where the deployment names a
+    tool-call parser (else 400), see `schemas.tools`."""
     functions: list[FunctionDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
     """Legacy form of `tools`."""
     function_call: FunctionCallChoice | None = None
@@ -204,7 +205,7 @@ class ChatCompletionRequest(GenerationRequest):
         constrained = self.structured_outputs is not None or (
             self.response_format is not None and self.response_format.type != "text"
         )
-        if plan is not None and constrained:
+        if plan is not None and plan.mode != "auto" and constrained:
             raise ValueError("a tool choice cannot be combined with a JSON response format")
         self._tool_plan = plan
         return self

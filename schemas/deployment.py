@@ -6,6 +6,8 @@ import hashlib
 
 from pydantic import BaseModel, model_validator
 
+from schemas.tool_parsers import ToolCallParserName
+
 CACHE_SALT_VERSION = "v1"
 """Bumped only to invalidate every team's cached prefixes at once."""
 
@@ -31,6 +33,9 @@ class Deployment(BaseModel):
     """Prompt plus output tokens the engine accepts for one request."""
     ttft_slo_s: float = 1.0
     """Interactive requests whose predicted time to first token exceeds this get 429."""
+    tool_call_parser: ToolCallParserName | None = None
+    """How this model writes tool calls in free text (`hermes`: `<tool_call>{...}</tool_call>`),
+    as vLLM's `--tool-call-parser`: needed for `tool_choice: "auto"`, refused without it."""
     shared_cache_teams: dict[str, list[str]] = {}
     """Named sets of teams that share prefix-cache blocks on this model (set name -> teams),
     for example one company-wide system prompt. Every team not listed has a cache of its own:

@@ -3,9 +3,10 @@
 
 A named tool choice constrains the output to the function's JSON schema: the output is the
 call's arguments. `"required"` constrains it to a JSON array of `{"name", "parameters"}` calls
-(at least one; exactly one without `parallel_tool_calls`), as vLLM does. `"auto"` needs a
-model-specific parser of free text into calls (vLLM's tool-call parsers); a deployment
-without one refuses it. `"none"` generates text as if no tool were given.
+(at least one; exactly one without `parallel_tool_calls`), as vLLM does. `"auto"` lets the model
+write text or calls in its own format, which a deployment's parser (`schemas.tool_parsers`,
+as vLLM's tool-call parsers) turns into calls; a deployment without one refuses it. `"none"`
+generates text as if no tool were given.
 """
 
 from __future__ import annotations
@@ -73,16 +74,20 @@ class ParsedCall:
 class ToolPlan:
     """How a request's output becomes tool calls."""
 
-    mode: Literal["named", "required"]
+    mode: Literal["named", "required", "auto"]
     functions: tuple[FunctionDefinition, ...]
     name: str | None = None
     """The function of a named choice."""
     parallel: bool = True
     legacy: bool = False
     """Asked through `functions` / `function_call`: answered as `function_call`."""
+    parser: str | None = None
+    """`auto`: the deployment's parser of free text into calls (set at admission)."""
 
-    def schema(self) -> dict[str, Any]:
-        """The JSON schema constraining the output."""
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema constraining the output (None for `auto`: free text)."""
+        if self.mode == "auto":
+            return None
         if self.mode == "named":
             return _parameters(next(f for f in self.functions if f.name == self.name))
         call = {
@@ -156,12 +161,6 @@ def tool_plan(
         choice = "auto"  # OpenAI's default when tools are given
     if choice == "none":
         return None
-    if choice == "auto":
-        raise ToolsError(
-            'tool_choice "auto" needs a parser of the model\'s free text into calls, and no '
-            'served model has one configured; use tool_choice "required" or name a function',
-            "tool_choice",
-        )
     parallel = parallel_tool_calls is not False and not legacy
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name

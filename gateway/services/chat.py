@@ -55,9 +55,7 @@ class ChatService(JobRelay):
         except ApiError as exc:
             self._metrics.requests.labels(request.model, str(exc.status)).inc()
             raise
-        active = await self.launch(admitted)
-        active.tools = request.tool_plan
-        return active
+        return await self.launch(admitted)
 
     async def stream_chunks(
         self, active: ActiveRequest, include_usage: bool, continuous_usage: bool = False

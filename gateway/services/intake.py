@@ -10,6 +10,7 @@ reservation released).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from schemas.deployment import Deployment
 from schemas.generation import GenerationRequest
 from schemas.messages import CallerTags, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
+from schemas.tools import ToolPlan
 from topics import catalog
 from topics.ports import JobQueue, JobReceipt, QueueBacklog
 
@@ -60,6 +62,8 @@ class AdmittedJob:
     predicted_ttft_s: float | None = None
     """Admission's prediction of the time to first token (interactive jobs), checked
     against the actual one when the first token arrives."""
+    tools: ToolPlan | None = None
+    """How the answer becomes tool calls (chat requests with a tool choice)."""
 
 
 class JobIntake:
@@ -90,8 +94,20 @@ class JobIntake:
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
         deployment = self._registry.resolve(request.model)
+        tools = request.tool_plan
+        if tools is not None and tools.mode == "auto":
+            if deployment.tool_call_parser is None:
+                raise ApiError(
+                    400,
+                    f'tool_choice "auto" (the default when tools are given) needs a parser of '
+                    f"the model's free text into calls, and `{deployment.name}` names none; use "
+                    'tool_choice "required" or name a function.',
+                    param="tool_choice",
+                )
+            tools = dataclasses.replace(tools, parser=deployment.tool_call_parser)
         prompt = await self._render(deployment.name, request)
-        return await self.admit_prompt(deployment, request, prompt, team, reply_to, "chatcmpl")
+        admitted = await self.admit_prompt(deployment, request, prompt, team, reply_to, "chatcmpl")
+        return dataclasses.replace(admitted, tools=tools)
 
     async def admit_completion(
         self, request: CompletionRequest, team: Team, reply_to: str

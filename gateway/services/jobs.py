@@ -124,6 +124,7 @@ class JobRelay:
             arrived=job.created_at,
             created=int(job.created_at),
             predicted_ttft_s=admitted.predicted_ttft_s,
+            tools=admitted.tools,
         )
 
     async def events(self, active: ActiveRequest) -> AsyncIterator[ReplyEventT]:

@@ -3,7 +3,9 @@
 With a named tool choice the text is the call's arguments, so it streams as argument deltas
 as it is generated. With `"required"` the text is a JSON array of calls: it is parsed once
 the choice ends, and its calls go out whole in one delta. A choice cut short (`length`) that
-holds no complete array is answered as text.
+holds no complete array is answered as text. With `"auto"` the model writes text or calls
+in its own format: text streams as content up to where a call might start, and the
+deployment's parser finds the calls when the choice ends.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from schemas.chat import (
     FunctionCall,
     ToolCall,
 )
+from schemas.tool_parsers import TOOL_CALL_PARSERS
 from schemas.tools import ParsedCall, ToolPlan, new_call_id
 
 
@@ -28,6 +31,8 @@ class ToolCallAnswer:
         self._text: list[str] = []
         self._first_id = new_call_id()
         self._streamed = False
+        self._parser = TOOL_CALL_PARSERS[plan.parser]() if plan.parser else None
+        self._sent = 0  # characters of an `auto` answer streamed as content so far
 
     def finish_reason(self, reason: FinishReason, calls: bool = True) -> FinishReason:
         """A choice that ended on its own with calls ended to call them."""
@@ -39,21 +44,35 @@ class ToolCallAnswer:
         self, text: str, reason: FinishReason
     ) -> tuple[ChatCompletionMessage, FinishReason]:
         """The whole answer: the calls (or the text, when it holds none) and finish reason."""
-        calls = self._plan.calls(text)
+        content: str | None = None
+        if self._parser is not None:
+            before, found = self._parser.parse(text)
+            calls: list[ParsedCall] | None = found or None
+            content = before or None
+        else:
+            calls = self._plan.calls(text)
         if calls is None:
             return ChatCompletionMessage(content=text), self.finish_reason(reason, calls=False)
         if self._plan.legacy:
             call = calls[0]
             message = ChatCompletionMessage(
-                function_call=FunctionCall(name=call.name, arguments=call.arguments)
+                content=content,
+                function_call=FunctionCall(name=call.name, arguments=call.arguments),
             )
         else:
-            message = ChatCompletionMessage(tool_calls=self._tool_calls(calls))
+            message = ChatCompletionMessage(content=content, tool_calls=self._tool_calls(calls))
         return message, self.finish_reason(reason)
 
     def delta(self, text: str) -> ChoiceDelta | None:
         """What to stream for newly generated text (None: it waits for the choice's end)."""
         self._text.append(text)
+        if self._parser is not None:  # auto: content streams up to where a call may start
+            full = "".join(self._text)
+            safe = self._parser.content_prefix(full)
+            if safe <= self._sent:
+                return None
+            content, self._sent = full[self._sent : safe], safe
+            return ChoiceDelta(content=content)
         if self._plan.mode != "named" or not text:
             return None
         first = not self._streamed
@@ -77,9 +96,24 @@ class ToolCallAnswer:
         if self._plan.mode == "named":
             return None, self.finish_reason(reason, calls=self._streamed)
         text = "".join(self._text)
-        calls = self._plan.calls(text)
+        rest: str | None = None
+        if self._parser is not None:
+            _, found = self._parser.parse(text)
+            calls = found or None
+            end = self._parser.content_prefix(text) if calls else len(text)
+            rest = text[self._sent : end].rstrip() if calls else text[self._sent : end]
+            if calls is None:
+                return (ChoiceDelta(content=rest) if rest else None), reason
+        else:
+            calls = self._plan.calls(text)
         if calls is None:
             return ChoiceDelta(content=text), self.finish_reason(reason, calls=False)
+        if self._plan.legacy:  # auto through the legacy fields: one function_call
+            call = calls[0]
+            legacy = ChoiceDeltaFunction(name=call.name, arguments=call.arguments)
+            return ChoiceDelta(content=rest or None, function_call=legacy), self.finish_reason(
+                reason
+            )
         deltas = [
             ChoiceDeltaToolCall(
                 index=i,
@@ -91,7 +125,7 @@ class ToolCallAnswer:
             )
             for i, call in enumerate(self._tool_calls(calls))
         ]
-        return ChoiceDelta(tool_calls=deltas), self.finish_reason(reason)
+        return ChoiceDelta(content=rest or None, tool_calls=deltas), self.finish_reason(reason)
 
     def _tool_calls(self, calls: list[ParsedCall]) -> list[ToolCall]:
         return [

@@ -141,6 +141,7 @@ def stack(
                     "pool": POOL,
                     "max_model_len": MAX_MODEL_LEN,
                     "shared_cache_teams": SHARED_CACHE_TEAMS,
+                    "tool_call_parser": "hermes",
                 },
                 {
                     "name": STRICT_MODEL,

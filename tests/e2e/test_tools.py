@@ -1,7 +1,8 @@
 """Tool calling on the real engine through the queue, with the OpenAI SDK: a named choice and
 "required" give `tool_calls` whose arguments match the function's schema (constrained
 decoding), whole and streamed; the legacy `functions` give `function_call`; tool messages in
-the history render; "auto" is refused with a clear 400."""
+the history render; "auto" parses calls the model writes (hermes format) where the
+deployment names a parser, and is refused with a clear 400 where it names none."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import STRICT_MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 def _chat(client: openai.OpenAI, stack: Stack, **kwargs: Any) -> Any:
     kwargs.setdefault("messages", ASK)
-    return client.chat.completions.create(model=stack.model, max_tokens=60, **kwargs)
+    kwargs.setdefault("max_tokens", 60)
+    return client.chat.completions.create(model=stack.model, **kwargs)
 
 
 def test_a_named_tool_choice_returns_a_call_matching_the_schema(
@@ -118,10 +120,56 @@ def test_a_conversation_with_tool_results_renders_and_answers(
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens  # the call and result count
 
 
-def test_auto_is_refused_with_a_clear_400(client: openai.OpenAI, stack: Stack) -> None:
+FORCED_CALL = (
+    r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "Oslo", "days": 2\}\}</tool_call>'
+)
+"""A regex that makes the model write one call in the hermes format (vLLM's structured
+outputs): the parser, not the model's skill, is what this exercises."""
+
+
+def test_auto_with_a_parser_turns_written_calls_into_tool_calls(
+    client: openai.OpenAI, stack: Stack
+) -> None:
+    extra = {"structured_outputs": {"regex": FORCED_CALL}}
+    whole = _chat(client, stack, tools=[WEATHER, TIME], extra_body=extra, max_tokens=300)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo", "days": 2}
+    chunks = [
+        c
+        for c in _chat(
+            client, stack, tools=[WEATHER], extra_body=extra, stream=True, max_tokens=300
+        )
+        if c.choices
+    ]
+    calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or ()]
+    assert [c.function.name for c in calls] == ["get_weather"]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_text_answers_stream_as_content(client: openai.OpenAI, stack: Stack) -> None:
+    kwargs: dict[str, Any] = {
+        "temperature": 0,
+        "max_tokens": 12,
+        "extra_body": {"ignore_eos": True},
+    }
+    plain = _chat(client, stack, **kwargs).choices[0].message.content
+    assert "<tool_call>" not in plain  # the model writes no call: its text is the answer
+    auto = _chat(client, stack, tools=[WEATHER], **kwargs).choices[0]
+    # The tiny model's template ignores tools: the same prompt, the same greedy text.
+    assert auto.message.content == plain and auto.message.tool_calls is None
+    assert auto.finish_reason == "length"
+    streamed = _chat(client, stack, tools=[WEATHER], stream=True, **kwargs)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == plain
+
+
+def test_auto_without_a_parser_is_refused_with_a_clear_400(client: openai.OpenAI) -> None:
     for kwargs in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "auto"}):
         with pytest.raises(openai.BadRequestError) as caught:
-            _chat(client, stack, **kwargs)
+            client.chat.completions.create(model=STRICT_MODEL, messages=ASK, max_tokens=4, **kwargs)
         body = caught.value.body
         assert isinstance(body, dict) and body["param"] == "tool_choice"
         assert "auto" in body["message"]

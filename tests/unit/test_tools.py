@@ -3,6 +3,7 @@ the output, and how a choice's output becomes OpenAI tool calls, whole and strea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -12,6 +13,8 @@ from pydantic import ValidationError
 from gateway.services.tool_calls import ToolCallAnswer
 from schemas.chat import ChatCompletionRequest
 from schemas.messages import sampling_settings
+from schemas.tool_parsers import HermesToolParser
+from schemas.tools import ToolPlan
 
 WEATHER = {
     "type": "function",
@@ -66,8 +69,6 @@ def test_legacy_functions_map_onto_tools() -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [WEATHER]}, "tool_choice"),  # OpenAI's default is "auto": no parser
-        ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
@@ -136,3 +137,66 @@ def test_legacy_function_call_is_answered_as_function_call() -> None:
     message, reason = ToolCallAnswer(plan).message('{"city":"Oslo"}', "stop")
     assert reason == "function_call" and message.function_call is not None
     assert message.function_call.name == "get_weather" and message.tool_calls is None
+
+
+def test_auto_is_openais_default_with_tools_and_leaves_the_output_free() -> None:
+    for req in (_req(tools=[WEATHER]), _req(tools=[WEATHER], tool_choice="auto")):
+        assert req.tool_plan is not None and req.tool_plan.mode == "auto"
+        assert req.tool_schema is None
+    # Free text: vLLM's own structured outputs may still shape it.
+    assert _req(tools=[WEATHER], structured_outputs={"regex": "a+"}).tool_plan is not None
+
+
+HERMES_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+
+
+def _auto_plan() -> ToolPlan:
+    plan = _req(tools=[WEATHER]).tool_plan
+    assert plan is not None
+    return dataclasses.replace(plan, parser="hermes")
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("Just text.", "Just text.", []),
+        ("Let me check. " + HERMES_CALL, "Let me check.", [("get_weather", {"city": "Oslo"})]),
+        (
+            '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]'
+            "</tool_call>",
+            "",
+            [("a", {}), ("b", {"x": 1})],
+        ),
+        (HERMES_CALL + HERMES_CALL, "", [("get_weather", {"city": "Oslo"})] * 2),
+        ('<tool_call>{"name": "get_weather", "argu', None, []),  # cut short: text
+    ],
+)
+def test_the_hermes_parser_finds_calls_in_text(
+    text: str, content: str | None, calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    found_content, found = HermesToolParser().parse(text)
+    assert found_content == (text if content is None else content)
+    assert [(c.name, json.loads(c.arguments)) for c in found] == calls
+
+
+def test_auto_streams_text_up_to_a_call_and_ends_with_the_calls() -> None:
+    answer = ToolCallAnswer(_auto_plan())
+    pieces = ["Let me ", "check. <tool", "_call>", HERMES_CALL.removeprefix("<tool_call>")]
+    deltas = [answer.delta(piece) for piece in pieces]
+    streamed = "".join(d.content or "" for d in deltas if d is not None)
+    assert streamed == "Let me check. "  # "<tool" was held back: it could start a call
+    last, reason = answer.last_delta("stop")
+    assert reason == "tool_calls" and last is not None and last.tool_calls
+    assert last.tool_calls[0].function is not None
+    assert last.tool_calls[0].function.name == "get_weather"
+    plain = ToolCallAnswer(_auto_plan())
+    held = [plain.delta(piece) for piece in ("Hello <", "world")]
+    assert [d.content if d else None for d in held] == ["Hello ", "<world"]
+    assert plain.last_delta("stop") == (None, "stop")
+
+
+def test_auto_whole_answers_carry_content_and_calls() -> None:
+    message, reason = ToolCallAnswer(_auto_plan()).message("Sure. " + HERMES_CALL, "stop")
+    assert reason == "tool_calls" and message.content == "Sure." and message.tool_calls
+    text, text_reason = ToolCallAnswer(_auto_plan()).message("No tools needed.", "stop")
+    assert text_reason == "stop" and text.content == "No tools needed." and text.tool_calls is None
