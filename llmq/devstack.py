@@ -110,6 +110,7 @@ def _worker_env(
         "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
         "LLMQ_BATCH_MAX_IN_FLIGHT": str(settings.batch_max_in_flight),
         "LLMQ_REPLICA_ID": f"{settings.pool}-dev-{index}",
+        "LLMQ_HEALTH_PROBE_TIMEOUT_S": str(settings.health_probe_timeout_s),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
     }
     # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so

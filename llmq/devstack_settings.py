@@ -32,6 +32,10 @@ class DevStackSettings(BaseSettings):
     """Longest prompt + completion the worker accepts, in tokens."""
     max_num_seqs: int = 16
     """Most sequences the worker's engine runs at once."""
+    health_probe_timeout_s: float = 30.0
+    """How long the worker's probe generation may take. The CPU engine shares the machine with
+    everything else on it: another engine (a benchmark's own vLLM server) starved it past the
+    worker's 10 s default twice in a row, and the worker restarted itself mid-benchmark."""
     tool_call_parser: str | None = "hermes"
     """How the model writes tool calls in text, for `tool_choice: "auto"` (None: refused)."""
     kv_cache_gib: float = 1.0
