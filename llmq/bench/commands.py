@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.")
+DEFAULT_RATES = [0.25, 0.5, 1.0]
+"""`llmq bench goodput`'s offered rates (requests/s) when none are given."""
 
 
 @bench_app.command("overhead")
@@ -51,6 +53,51 @@ def bench_overhead(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(format_report(report))
+    if json_path is not None:
+        write_json(report, json_path)
+
+
+@bench_app.command("goodput")
+def bench_goodput(
+    base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    api_key: Annotated[str, typer.Option(help="llmq API key.")] = "sk-llmq-dev",
+    model: Annotated[str, typer.Option(help="Model name on both targets.")] = (
+        "smollm2-135m-instruct"
+    ),
+    rate: Annotated[list[float], typer.Option(help="Offered rates (requests/s).")] = DEFAULT_RATES,
+    requests: Annotated[int, typer.Option(help="Requests per rate and target.")] = 24,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 32,
+    ttft_slo_s: Annotated[float, typer.Option(help="TTFT SLO for goodput (s).")] = 1.0,
+    tpot_slo_s: Annotated[float, typer.Option(help="TPOT SLO for goodput (s).")] = 0.1,
+    target: Annotated[list[str], typer.Option(help="Targets: llmq, direct.")] = ["llmq", "direct"],  # noqa: B006
+    plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path("goodput.png"),
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """Goodput against offered rate (Poisson arrivals), llmq and vLLM's own server."""
+    from llmq.bench.goodput import GoodputSettings, format_report, run_goodput, write_json
+    from llmq.bench.overhead import OverheadError
+    from llmq.bench.plot import write_goodput_plot
+    from llmq.logging import configure_logging
+    from llmq.services import ServiceStartError
+
+    configure_logging(json=False, level="WARNING")
+    settings = GoodputSettings.model_validate(
+        {
+            "base_url": base_url, "api_key": api_key, "model": model, "rates": rate,
+            "requests": requests, "max_tokens": max_tokens, "ttft_slo_s": ttft_slo_s,
+            "tpot_slo_s": tpot_slo_s, "targets": target,
+        }
+    )  # fmt: skip
+    try:
+        report = run_goodput(settings)
+    except (OverheadError, ServiceStartError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(format_report(report))
+    write_goodput_plot(report, plot)
+    typer.echo(f"plot: {plot}")
     if json_path is not None:
         write_json(report, json_path)
 

@@ -1,0 +1,273 @@
+"""``llmq bench goodput``: requests that meet their SLOs per second, against the offered rate,
+for llmq and for vLLM's own OpenAI server side by side.
+
+Each offered rate is a Poisson arrival schedule (the same one, from the same seed, for both
+targets); rates alternate which target goes first. A request counts towards goodput when it
+succeeded with TTFT <= the TTFT SLO and TPOT <= the TPOT SLO (TTFT to the first content chunk,
+TPOT the decode time per output token after it). llmq refuses what its admission predicts
+would miss the SLO (429); vLLM's server takes everything, so past its knee everyone is late.
+For llmq the gateway's own record of its TTFT predictions (`/metrics`) gives the predictor's
+error over each rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field, PositiveFloat
+
+from llmq import services
+from llmq.bench.overhead import (
+    PROMPTS,
+    TARGETS,
+    OverheadError,
+    OverheadSettings,
+    RequestSample,
+    Target,
+    machine_description,
+    one_request,
+    start_direct_server,
+)
+from llmq.bench.stats import percentile
+
+PREDICTION_METRIC = "llmq_ttft_prediction_abs_error_ratio"
+
+
+class GoodputSettings(BaseModel):
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """llmq's OpenAI-compatible base URL (its `/metrics` is at the same host)."""
+    api_key: str = Field(default="sk-llmq-dev", exclude=True)
+    model: str = "smollm2-135m-instruct"
+    rates: list[PositiveFloat] = Field(default_factory=lambda: [0.25, 0.5, 1.0], min_length=1)
+    """Offered request rates (requests per second), one level each."""
+    requests: int = Field(default=24, ge=1)
+    """Requests per (rate, target)."""
+    max_tokens: int = Field(default=32, ge=1)
+    ttft_slo_s: float = 1.0
+    tpot_slo_s: float = 0.1
+    seed: int = 1
+    targets: list[Target] = Field(default_factory=lambda: list(TARGETS))
+    kv_cache_gib: float = 1.0
+    request_timeout_s: float = 300.0
+
+
+class RateResult(BaseModel):
+    """One target at one offered rate."""
+
+    target: Target
+    rate: float
+    offered: int
+    wall_s: float
+    admitted: int
+    refused: int
+    """429s (llmq's admission; vLLM's server never refuses)."""
+    failed: int
+    """Other errors."""
+    good: int
+    """Succeeded within both SLOs."""
+    goodput: float
+    """Good requests per second of the level's wall time."""
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    prediction_error_p50: float | None = None
+    prediction_error_p95: float | None = None
+    """|predicted - actual| / actual of llmq's TTFT predictions (bucket upper bounds)."""
+
+
+class GoodputReport(BaseModel):
+    settings: GoodputSettings
+    machine: str
+    results: list[RateResult] = Field(default_factory=list)
+
+    def result(self, target: Target, rate: float) -> RateResult | None:
+        return next((r for r in self.results if r.target == target and r.rate == rate), None)
+
+
+def arrivals(rate: float, count: int, seed: int) -> list[float]:
+    """Poisson arrival times (seconds from the start): exponential gaps of mean 1/rate."""
+    draw = random.Random(seed)
+    times, now = [], 0.0
+    for _ in range(count):
+        times.append(now)
+        now += draw.expovariate(rate)
+    return times
+
+
+def tpot_of(sample: RequestSample) -> float | None:
+    if sample.ttft_s is None or sample.output_tokens <= 1:
+        return None
+    return (sample.e2e_s - sample.ttft_s) / (sample.output_tokens - 1)
+
+
+def summarize_rate(
+    target: Target,
+    rate: float,
+    wall_s: float,
+    samples: list[RequestSample],
+    settings: GoodputSettings,
+) -> RateResult:
+    refused = [s for s in samples if s.error and s.error.startswith("RateLimitError")]
+    ok = [s for s in samples if s.error is None]
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    tpot = [t for t in (tpot_of(s) for s in ok) if t is not None]
+    good = [
+        s
+        for s in ok
+        if s.ttft_s is not None
+        and s.ttft_s <= settings.ttft_slo_s
+        and (tpot_of(s) or 0.0) <= settings.tpot_slo_s
+    ]
+    return RateResult(
+        target=target, rate=rate, offered=len(samples), wall_s=wall_s,
+        admitted=len(samples) - len(refused), refused=len(refused),
+        failed=len(samples) - len(ok) - len(refused), good=len(good),
+        goodput=len(good) / wall_s if wall_s > 0 else 0.0,
+        ttft_p50_s=percentile(ttft, 50), ttft_p95_s=percentile(ttft, 95),
+        tpot_p50_s=percentile(tpot, 50), tpot_p95_s=percentile(tpot, 95),
+    )  # fmt: skip
+
+
+def bucket_counts(metrics_text: str, metric: str = PREDICTION_METRIC) -> dict[float, float]:
+    """Cumulative bucket counts (upper bound -> count) of a histogram, summed over labels."""
+    counts: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{metric}_bucket":
+                bound = float(sample.labels["le"])
+                counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts
+
+
+def quantile_from_buckets(
+    before: dict[float, float], after: dict[float, float], q: float
+) -> float | None:
+    """The q-quantile (0-1) of what was observed between two scrapes, as the upper bound of
+    the bucket it falls in (inf: beyond the largest bucket); None when nothing was observed."""
+    delta = sorted((bound, after.get(bound, 0.0) - before.get(bound, 0.0)) for bound in after)
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    for bound, count in delta:
+        if count >= q * total:
+            return bound
+    return float("inf")
+
+
+async def _scrape(metrics_url: str) -> dict[float, float]:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(metrics_url)
+    return bucket_counts(response.text) if response.status_code == 200 else {}
+
+
+async def run_rate(
+    client: openai.AsyncOpenAI, settings: GoodputSettings, target: Target, rate: float
+) -> RateResult:
+    """settings.requests requests on the rate's Poisson schedule (same for every target)."""
+    schedule = arrivals(rate, settings.requests, settings.seed)
+    start = time.perf_counter()
+
+    async def at(index: int, offset: float) -> RequestSample:
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+        prompt = f"Request {index}. {PROMPTS[index % len(PROMPTS)]}"
+        return await one_request(client, settings.model, prompt, settings.max_tokens)
+
+    samples = await asyncio.gather(*(at(i, t) for i, t in enumerate(schedule)))
+    return summarize_rate(target, rate, time.perf_counter() - start, list(samples), settings)
+
+
+def _metrics_url(base_url: str) -> str:
+    return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+
+
+async def _measure(settings: GoodputSettings, urls: dict[Target, str]) -> list[RateResult]:
+    keys: dict[Target, str] = {"llmq": settings.api_key, "direct": "EMPTY"}
+    clients = {
+        t: openai.AsyncOpenAI(
+            base_url=url, api_key=keys[t], timeout=settings.request_timeout_s, max_retries=0
+        )
+        for t, url in urls.items()
+    }
+    results: list[RateResult] = []
+    try:
+        for target, client in clients.items():  # one unmeasured request each
+            warm = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
+            if warm.error is not None:
+                raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {warm.error}")
+        for index, rate in enumerate(settings.rates):
+            order = TARGETS if index % 2 == 0 else TARGETS[::-1]
+            for target in (t for t in order if t in clients):
+                before = await _scrape(_metrics_url(urls[target])) if target == "llmq" else {}
+                result = await run_rate(clients[target], settings, target, rate)
+                if target == "llmq":
+                    after = await _scrape(_metrics_url(urls[target]))
+                    result.prediction_error_p50 = quantile_from_buckets(before, after, 0.5)
+                    result.prediction_error_p95 = quantile_from_buckets(before, after, 0.95)
+                results.append(result)
+    finally:
+        for client in clients.values():
+            await client.close()
+    return results
+
+
+def run_goodput(settings: GoodputSettings) -> GoodputReport:
+    """Run every rate on every target (starts and stops the direct vLLM server)."""
+    report = GoodputReport(settings=settings, machine=machine_description())
+    urls: dict[Target, str] = {}
+    if "llmq" in settings.targets:
+        urls["llmq"] = settings.base_url
+    server: services.ManagedProcess | None = None
+    try:
+        if "direct" in settings.targets:
+            from llmq.modelbuild import ensure_model
+
+            direct = OverheadSettings(model=settings.model, kv_cache_gib=settings.kv_cache_gib)
+            server, urls["direct"] = start_direct_server(direct, ensure_model(settings.model))
+        report.results = asyncio.run(_measure(settings, urls))
+    finally:
+        if server is not None:
+            services.stop(server, timeout=30)
+    return report
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_report(report: GoodputReport) -> str:
+    s = report.settings
+    lines = [
+        f"llmq bench goodput: model {s.model}, {s.requests} requests per rate and target, "
+        f"max_tokens {s.max_tokens}, SLO TTFT <= {s.ttft_slo_s:g} s and TPOT <= "
+        f"{s.tpot_slo_s * 1000:g} ms, machine {report.machine} (cpus {os.cpu_count()})",
+        f"{'rate':>6} {'target':<7}{'offered':>8}{'admitted':>9}{'refused':>8}{'failed':>7}"
+        f"{'good':>6}{'goodput/s':>10}{'TTFT p50':>9}{'p95':>7}{'TPOT p50':>9}{'p95':>6}"
+        f"{'pred err p50':>13}{'p95':>6}",
+    ]
+    for r in report.results:
+        lines.append(
+            f"{r.rate:>6g} {r.target:<7}{r.offered:>8}{r.admitted:>9}{r.refused:>8}{r.failed:>7}"
+            f"{r.good:>6}{r.goodput:>10.2f}{_ms(r.ttft_p50_s):>9}{_ms(r.ttft_p95_s):>7}"
+            f"{_ms(r.tpot_p50_s):>9}{_ms(r.tpot_p95_s):>6}"
+            f"{_ratio(r.prediction_error_p50):>13}{_ratio(r.prediction_error_p95):>6}"
+        )
+    lines.append("(prediction error: bucket upper bounds of |predicted - actual| / actual)")
+    return "\n".join(lines)
+
+
+def write_json(report: GoodputReport, path: Path) -> None:
+    path.write_text(report.model_dump_json(indent=2))

@@ -1,0 +1,76 @@
+"""`llmq bench goodput`'s logic: Poisson schedules, goodput counting against both SLOs, the
+predictor's error from two scrapes of the gateway's metrics, and the PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from prometheus_client import generate_latest
+
+from gateway.metrics import GatewayMetrics
+from llmq.bench.goodput import (
+    GoodputReport,
+    GoodputSettings,
+    arrivals,
+    bucket_counts,
+    quantile_from_buckets,
+    summarize_rate,
+)
+from llmq.bench.overhead import RequestSample
+from llmq.bench.plot import write_goodput_plot
+
+
+def test_arrivals_are_poisson_at_the_rate_and_repeatable() -> None:
+    times = arrivals(4.0, 4_000, seed=3)
+    assert times == arrivals(4.0, 4_000, seed=3) and times != arrivals(4.0, 4_000, seed=4)
+    assert times[0] == 0.0 and times == sorted(times)
+    assert times[-1] / (len(times) - 1) == pytest.approx(0.25, rel=0.05)
+
+
+def test_goodput_counts_only_requests_within_both_slos() -> None:
+    settings = GoodputSettings(ttft_slo_s=1.0, tpot_slo_s=0.1)
+    samples = [
+        RequestSample(ttft_s=0.5, e2e_s=0.5 + 9 * 0.05, output_tokens=10),  # good
+        RequestSample(ttft_s=1.5, e2e_s=1.5 + 9 * 0.05, output_tokens=10),  # late first token
+        RequestSample(ttft_s=0.5, e2e_s=0.5 + 9 * 0.2, output_tokens=10),  # slow decode
+        RequestSample(error="RateLimitError: 429 overloaded"),
+        RequestSample(error="APIConnectionError: refused"),
+    ]
+    result = summarize_rate("llmq", 1.0, 2.0, samples, settings)
+    assert (result.offered, result.admitted, result.refused, result.failed) == (5, 4, 1, 1)
+    assert result.good == 1 and result.goodput == pytest.approx(0.5)
+    assert result.ttft_p50_s == pytest.approx(0.5)
+
+
+def test_the_predictors_error_comes_from_the_gateways_histogram() -> None:
+    metrics = GatewayMetrics()
+    metrics.observe_prediction("m", 1.0, 1.0)  # before the level: not counted
+    before = bucket_counts(generate_latest(metrics.registry).decode())
+    for predicted in (1.05, 1.15, 1.15, 1.4, 3.0):  # errors 0.05, 0.15, 0.15, 0.4, 2.0
+        metrics.observe_prediction("m", predicted, 1.0)
+    after = bucket_counts(generate_latest(metrics.registry).decode())
+    assert quantile_from_buckets(before, after, 0.5) == 0.2
+    assert quantile_from_buckets(before, after, 0.95) == 2.0
+    assert quantile_from_buckets(after, after, 0.5) is None  # nothing observed in between
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    settings = GoodputSettings()
+    report = GoodputReport(
+        settings=settings,
+        machine="test",
+        results=[
+            summarize_rate(
+                t, rate, 10.0, [RequestSample(ttft_s=0.2, e2e_s=1.0, output_tokens=9)] * n, settings
+            )
+            for t in ("llmq", "direct")
+            for rate, n in ((0.5, 5), (1.0, 8), (2.0, 6))
+        ],
+    )
+    path = tmp_path / "goodput.png"
+    write_goodput_plot(report, path)
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (720, 440)
+        assert len(image.getcolors(1 << 20) or []) > 3  # lines and text were drawn
