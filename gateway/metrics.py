@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -43,6 +43,13 @@ class GatewayMetrics:
             "|predicted - actual| / actual of admission's TTFT prediction.",
             ["model"],
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+            registry=self.registry,
+        )
+        self.ttft_calibration = Gauge(
+            "llmq_ttft_calibration_factor",
+            "What admission multiplies its raw TTFT predictions by, learnt per pool from the "
+            "actual TTFTs (1: the raw model is right).",
+            ["pool"],
             registry=self.registry,
         )
         self.e2e = Histogram(

@@ -158,8 +158,12 @@ class JobIntake:
         predicted: float | None = None
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
+            factor = self._admission.calibration.factor(pool)
             limit = self._admission.queue_limit(
-                prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slo_s=deployment.ttft_slo_s
+                prompt_tokens=len(prompt),
+                prefill_tokens_per_s=rate,
+                slo_s=deployment.ttft_slo_s,
+                factor=factor,
             )
             outcome = await self._backlog.try_add(pool, tier, len(prompt), limit, team=team.name)
             if not outcome.added:
@@ -171,6 +175,7 @@ class JobIntake:
                     queued_tokens=outcome.ahead,
                     prefill_tokens_per_s=rate,
                     slo_s=deployment.ttft_slo_s,
+                    factor=factor,
                 )
                 log.info(
                     "request_shed",
@@ -187,8 +192,11 @@ class JobIntake:
                     "overloaded",
                 )
 
-            predicted = self._admission.predictor.predict(
-                prompt_tokens=len(prompt), queued_tokens=outcome.ahead, prefill_tokens_per_s=rate
+            predicted = self._admission.predict(
+                prompt_tokens=len(prompt),
+                queued_tokens=outcome.ahead,
+                prefill_tokens_per_s=rate,
+                factor=factor,
             )
         else:
             await self._backlog.add(pool, tier, len(prompt), team.name)  # batch: never refused
@@ -279,6 +287,11 @@ class JobIntake:
         except PromptTooLong as exc:
             raise context_length_exceeded(str(exc), "prompt") from exc
         return ids
+
+    def observe_ttft(self, pool: str, predicted_s: float, actual_s: float) -> float:
+        """Calibrate the pool's TTFT predictions with one request's actual TTFT; return the
+        pool's new calibration factor."""
+        return self._admission.calibration.observe(pool, predicted_s, actual_s)
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""

@@ -178,9 +178,10 @@ class JobRelay:
                 actual = now - active.arrived
                 self._metrics.ttft.labels(active.job.model).observe(actual)
                 if active.predicted_ttft_s is not None:
-                    self._metrics.observe_prediction(
-                        active.job.model, active.predicted_ttft_s, actual
-                    )
+                    job = active.job
+                    self._metrics.observe_prediction(job.model, active.predicted_ttft_s, actual)
+                    factor = self._intake.observe_ttft(job.pool, active.predicted_ttft_s, actual)
+                    self._metrics.ttft_calibration.labels(job.pool).set(factor)
             active.last_token_at = now
             active.tokens += event.num_tokens
         elif isinstance(event, FinishEvent):

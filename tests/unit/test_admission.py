@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.admission import AdmissionController, TtftPredictor, pool_prefill_rate
+from gateway.services.admission import (
+    AdmissionController,
+    TtftCalibration,
+    TtftPredictor,
+    pool_prefill_rate,
+)
 from schemas.messages import ReplicaHeartbeat
 from schemas.messages import ReplicaState as State
 
@@ -111,3 +116,30 @@ def test_pool_prefill_rate_sums_ready_healthy_replicas() -> None:
     ]
     assert pool_prefill_rate(replicas) == 4_000.0
     assert pool_prefill_rate([]) == 0.0
+
+
+def test_calibration_learns_how_far_actual_ttfts_are_from_predicted() -> None:
+    calibration = TtftCalibration(weight=0.5)
+    assert calibration.factor("p") == 1.0  # nothing observed: the raw model
+    for _ in range(20):  # actual TTFTs are twice the calibrated prediction, until they match
+        calibration.observe("p", 1.0 * calibration.factor("p"), 2.0)
+    assert calibration.factor("p") == pytest.approx(2.0, rel=1e-3)
+    assert calibration.factor("other") == 1.0  # per pool
+    for _ in range(50):  # bounded: one wild measurement cannot make the factor absurd
+        calibration.observe("p", 0.001, 100.0)
+    assert calibration.factor("p") == pytest.approx(8.0)
+
+
+def test_a_calibrated_admission_shrinks_the_budget_by_its_factor() -> None:
+    controller = AdmissionController(TtftPredictor(overhead_s=0.0), default_slo_s=1.0)
+    raw = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000)
+    slower = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, factor=2.0)
+    assert (raw, slower) == (1_000, 500)  # TTFTs run twice the model: half the queue fits
+    decision = controller.decide(
+        tier="interactive", prompt_tokens=100, queued_tokens=500, prefill_tokens_per_s=1_000,
+        factor=2.0,
+    )  # fmt: skip
+    assert not decision.admitted and decision.predicted_ttft_s == pytest.approx(1.2)
+    assert controller.predict(
+        prompt_tokens=100, queued_tokens=0, prefill_tokens_per_s=1_000, factor=2.0
+    ) == pytest.approx(0.2)
