@@ -27,13 +27,14 @@ from llmq import services
 from llmq.bench.overhead import (
     PROMPTS,
     TARGETS,
-    OverheadError,
     OverheadSettings,
     RequestSample,
     Target,
     machine_description,
     one_request,
+    open_clients,
     start_direct_server,
+    warm_up,
 )
 from llmq.bench.stats import percentile
 
@@ -191,19 +192,10 @@ def _metrics_url(base_url: str) -> str:
 
 
 async def _measure(settings: GoodputSettings, urls: dict[Target, str]) -> list[RateResult]:
-    keys: dict[Target, str] = {"llmq": settings.api_key, "direct": "EMPTY"}
-    clients = {
-        t: openai.AsyncOpenAI(
-            base_url=url, api_key=keys[t], timeout=settings.request_timeout_s, max_retries=0
-        )
-        for t, url in urls.items()
-    }
+    clients = open_clients(urls, settings.api_key, settings.request_timeout_s)
     results: list[RateResult] = []
     try:
-        for target, client in clients.items():  # one unmeasured request each
-            warm = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
-            if warm.error is not None:
-                raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {warm.error}")
+        await warm_up(clients, settings.model, settings.max_tokens)
         for index, rate in enumerate(settings.rates):
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):

@@ -248,21 +248,32 @@ async def run_level(
     return summarize(target, concurrency, time.perf_counter() - start, list(samples))
 
 
-async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[LevelResult]:
-    """Warm every target up, then each level on each target, alternating which goes first."""
-    keys: dict[Target, str] = {"llmq": settings.api_key, "direct": "EMPTY"}
-    clients = {
-        t: openai.AsyncOpenAI(
-            base_url=url, api_key=keys[t], timeout=settings.request_timeout_s, max_retries=0
-        )
+def open_clients(
+    urls: dict[Target, str], api_key: str, timeout_s: float
+) -> dict[Target, openai.AsyncOpenAI]:
+    """One client per target, without retries (a refusal is a measurement); llmq's key for
+    llmq, none for vLLM's own server."""
+    keys: dict[Target, str] = {"llmq": api_key, "direct": "EMPTY"}
+    return {
+        t: openai.AsyncOpenAI(base_url=url, api_key=keys[t], timeout=timeout_s, max_retries=0)
         for t, url in urls.items()
     }
+
+
+async def warm_up(clients: dict[Target, openai.AsyncOpenAI], model: str, max_tokens: int) -> None:
+    """One unmeasured request to each target; `OverheadError` when one fails."""
+    for target, client in clients.items():
+        warm = await one_request(client, model, PROMPTS[0], max_tokens)
+        if warm.error is not None:
+            raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {warm.error}")
+
+
+async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[LevelResult]:
+    """Warm every target up, then each level on each target, alternating which goes first."""
+    clients = open_clients(urls, settings.api_key, settings.request_timeout_s)
     levels: list[LevelResult] = []
     try:
-        for target, client in clients.items():  # one unmeasured request each
-            warm = await one_request(client, settings.model, PROMPTS[0], settings.max_tokens)
-            if warm.error is not None:
-                raise OverheadError(f"{target} at {client.base_url}: warm-up failed: {warm.error}")
+        await warm_up(clients, settings.model, settings.max_tokens)
         for index, concurrency in enumerate(settings.concurrency):
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):
