@@ -65,7 +65,8 @@ def worker() -> None:
     from workers.settings import WorkerSettings
 
     settings = WorkerSettings()
-    reexec_with_engine_env(settings.kv_cache_gib)
+    if settings.engine == "vllm":
+        reexec_with_engine_env(settings.kv_cache_gib)
     configure_logging(settings.log_json)
     run_worker(settings)
 
@@ -86,13 +87,21 @@ def topics_ensure(
 @dev_app.command("up")
 def dev_up(
     detach: Annotated[bool, typer.Option(help="Return once ready; leave it running.")] = False,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="vllm (the real model on the CPU) or simulated (SIMULATED GPU replicas with "
+            "placeholder text, for load tests); default LLMQ_DEV_ENGINE or vllm."
+        ),
+    ] = None,
 ) -> None:
     """Start the local stack and serve the API on 127.0.0.1:8000."""
     from llmq.devstack import DevStackSettings, up
     from llmq.logging import configure_logging
 
     configure_logging(json=False)
-    up(DevStackSettings(), detach=detach)
+    settings = DevStackSettings() if engine is None else DevStackSettings(engine=engine)
+    up(settings, detach=detach)
 
 
 @dev_app.command("down")

@@ -112,7 +112,10 @@ def _worker_env(
         "LLMQ_REPLICA_ID": f"{settings.pool}-dev-{index}",
         "LLMQ_HEALTH_PROBE_TIMEOUT_S": str(settings.health_probe_timeout_s),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
+        "LLMQ_ENGINE": settings.engine,
     }
+    if settings.engine == "simulated":
+        return env
     # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so
     # the worker need not re-execute itself to get it.
     env.update(engine_environment(settings.kv_cache_gib))
@@ -271,6 +274,8 @@ def _all_heartbeating(settings: DevStackSettings) -> bool:
 def _print_ready(settings: DevStackSettings) -> None:
     url = settings.gateway_url
     print(f"llmq is up at {url}/v1 (logs in {logs_dir()})")
+    if settings.engine == "simulated":
+        print("engine: SIMULATED GPU replicas (placeholder text at modelled GPU speed)")
     print(f"API key: {settings.api_key} (team {settings.team})")
     body = json.dumps(
         {"model": settings.model, "messages": [{"role": "user", "content": "Say hello"}]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmq.services import LOCALHOST
@@ -32,6 +34,11 @@ class DevStackSettings(BaseSettings):
     """Longest prompt + completion the worker accepts, in tokens."""
     max_num_seqs: int = 16
     """Most sequences the worker's engine runs at once."""
+    engine: Literal["vllm", "simulated"] = "vllm"
+    """The workers' engine: ``vllm`` runs the real model on the CPU; ``simulated`` runs
+    SIMULATED GPU replicas (placeholder text at GPU speed; ``LLMQ_SIM_*`` choose the GPU and
+    model) so the platform's own path can be load-tested. The gateway still tokenizes with the
+    real model's tokenizer."""
     health_probe_timeout_s: float = 30.0
     """How long the worker's probe generation may take. The CPU engine shares the machine with
     everything else on it: another engine (a benchmark's own vLLM server) starved it past the

@@ -188,6 +188,15 @@ class InferenceJob(Message):
     """Salts the engine's prefix-cache block hashes (vLLM's ``cache_salt``): jobs share cached
     blocks only when their salts are equal. Derived from the team (`Deployment.cache_salt`),
     so one team's cache never serves, or reveals, another team's prompt. Replays keep it."""
+    queue_units: int = 0
+    """What the job added to its pool's admission backlog: its prompt tokens plus its share
+    of the pool's slot time as prefill-token equivalents (`gateway.services.admission`); the
+    worker removes exactly this when it starts the job. 0: its prompt length (batch jobs)."""
+
+    @property
+    def backlog_units(self) -> int:
+        """The amount this job holds in its pool's backlog counter."""
+        return self.queue_units or len(self.prompt_token_ids)
 
 
 class UsageCounts(BaseModel):
@@ -345,4 +354,10 @@ class ReplicaHeartbeat(Message):
     """Prompt tokens still to prefill plus output tokens still to decode, over held jobs."""
     prefill_tokens_per_s: float = 0.0
     """Measured prefill rate (moving average); 0 until the first job finished prefill."""
+    max_num_seqs: int = 0
+    """Sequence slots of this replica's engine (0: not reported)."""
+    mean_job_s: float = 0.0
+    """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
+    engine: Literal["vllm", "simulated"] = "vllm"
+    """What runs the jobs; ``simulated`` is a modelled GPU replica with placeholder text."""
     sent_at: float

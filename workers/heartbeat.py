@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import structlog
 
@@ -25,12 +26,14 @@ class Heartbeat:
         pool: str,
         model: str,
         interval_s: float,
+        engine_kind: Literal["vllm", "simulated"] = "vllm",
     ) -> None:
         self._directory = directory
         self._replica_id = replica_id
         self._pool = pool
         self._model = model
         self._interval_s = interval_s
+        self._engine_kind: Literal["vllm", "simulated"] = engine_kind
         self.state: ReplicaState = "loading"
         self.healthy = True
         self.engine: EngineClient | None = None
@@ -52,6 +55,9 @@ class Heartbeat:
             in_flight=self.load.in_flight if self.load else 0,
             outstanding_tokens=self.load.outstanding_tokens() if self.load else 0,
             prefill_tokens_per_s=self._prefill_rate(stats),
+            max_num_seqs=self.engine.max_num_seqs if self.engine is not None else 0,
+            mean_job_s=self.load.mean_job_s() if self.load else 0.0,
+            engine=self._engine_kind,
             sent_at=time.time(),
         )
 

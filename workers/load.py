@@ -31,6 +31,8 @@ class LoadTracker:
         # (prefilled tokens, seconds to first token) of recent jobs: the rate is the ratio of
         # the sums, so long prompts (where the rate matters) weigh more than short ones.
         self._prefills: deque[tuple[int, float]] = deque(maxlen=window)
+        self._durations: deque[float] = deque(maxlen=window)
+        """Seconds recent finished jobs held a slot, start to finish."""
         self._last_progress = time.monotonic()
 
     def started(self, job: InferenceJob) -> None:
@@ -60,7 +62,13 @@ class LoadTracker:
         progress.produced += new_tokens
 
     def finished(self, request_id: str) -> None:
-        self._jobs.pop(request_id, None)
+        progress = self._jobs.pop(request_id, None)
+        if progress is not None and progress.first_token_at is not None:
+            self._durations.append(time.monotonic() - progress.started_at)
+
+    def mean_job_s(self) -> float:
+        """Mean slot-holding time of recent jobs that ran (0 until one finished)."""
+        return sum(self._durations) / len(self._durations) if self._durations else 0.0
 
     def not_started(self) -> set[str]:
         """Held jobs that have not produced a token yet (their KV use may not show yet)."""

@@ -11,6 +11,8 @@ from workers.worker import Worker, WorkerUnhealthy
 
 
 def build_engine(settings: WorkerSettings) -> EngineClient:
+    if settings.engine == "simulated":
+        return build_simulated_engine(settings)
     from workers.engine.vllm_engine import VllmEngine
 
     engine: EngineClient = VllmEngine(
@@ -22,6 +24,27 @@ def build_engine(settings: WorkerSettings) -> EngineClient:
         kv_cache_bytes=round(settings.kv_cache_gib * 2**30),
     )
     return engine
+
+
+def build_simulated_engine(settings: WorkerSettings) -> EngineClient:
+    """SIMULATION: a modelled GPU replica with the worker's slot and context limits."""
+    from workers.engine.sim_model import H100_SXM, H200, LLAMA_8B, LLAMA_70B, ReplicaProfile
+    from workers.engine.simulated import SimulatedGpuEngine
+
+    gpus = {"h100": H100_SXM, "h200": H200}
+    models = {"llama-3-8b": LLAMA_8B, "llama-3-70b": LLAMA_70B}
+    profile = ReplicaProfile(
+        gpu=gpus[settings.sim_gpu],
+        model=models[settings.sim_model],
+        tensor_parallel=settings.sim_tensor_parallel,
+    )
+    return SimulatedGpuEngine(
+        profile,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        time_scale=settings.sim_time_scale,
+        name=settings.replica_id,
+    )
 
 
 async def serve(settings: WorkerSettings, engine: EngineClient) -> None:

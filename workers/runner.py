@@ -108,7 +108,7 @@ class JobRunner:
         delivered = UsageCounts()
         try:
             # The job leaves the queue now (admission counts queued prompt tokens per pool).
-            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+            await self._backlog.remove(job.pool, job.tier, job.backlog_units, job.team)
             forced = job.replay is not None and job.replay.force
             if not forced and await self._ledger.is_finished(job.request_id):
                 bound.info("job_skipped_finished")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,6 +22,19 @@ class WorkerSettings(BaseSettings):
     """The model name this worker serves (what callers put in `model`)."""
     model_path: str = ""
     """Folder with the model's weights, config and tokenizer."""
+    engine: Literal["vllm", "simulated"] = "vllm"
+    """What runs the jobs: ``vllm`` (the real engine on `model_path`), or ``simulated``: a
+    SIMULATED GPU replica (`sim_gpu` x `sim_tensor_parallel` serving `sim_model`, step times
+    from a roofline model, placeholder text) that drives the whole real platform at GPU speed
+    on a machine without one. A simulated worker says so in its heartbeat and logs."""
+    sim_gpu: Literal["h100", "h200"] = "h100"
+    """Simulated engine only: the accelerator it models."""
+    sim_model: Literal["llama-3-8b", "llama-3-70b"] = "llama-3-8b"
+    """Simulated engine only: the model whose weight reads, FLOPs and KV size it models."""
+    sim_tensor_parallel: int = 1
+    """Simulated engine only: GPUs per replica."""
+    sim_time_scale: float = 1.0
+    """Simulated engine only: simulated seconds per wall-clock second (1: real time)."""
     pool: str = "smollm2"
     """The pool this replica belongs to; it consumes that pool's job topics."""
     replica_id: str = Field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")

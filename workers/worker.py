@@ -76,6 +76,7 @@ class Worker:
             pool=settings.pool,
             model=settings.model,
             interval_s=settings.heartbeat_interval_s,
+            engine_kind=settings.engine,
         )
         self._heartbeat = heartbeat
         background: list[asyncio.Task[None]] = [asyncio.create_task(heartbeat.run())]
@@ -136,7 +137,12 @@ class Worker:
                 loop.stop()
             heartbeat.state = "draining" if self._drain_requested else "ready"
             self.ready.set()
-            log.info("worker_ready", model=settings.model, max_num_seqs=self.engine.max_num_seqs)
+            log.info(
+                "worker_ready",
+                model=settings.model,
+                engine=settings.engine,
+                max_num_seqs=self.engine.max_num_seqs,
+            )
             health = EngineHealth(
                 self.engine,
                 load,

@@ -1,12 +1,22 @@
 """TTFT-based admission: refuse (429 + Retry-After) before any stream opens when the SLO
 cannot be met.
 
-Predicted TTFT = (overhead + (queued prompt tokens + own prompt tokens) / pool prefill rate)
-x the pool's calibration factor, learnt from the actual TTFTs of earlier requests (what the
-model leaves out: the engine step that makes the first token, batched prefill, the hop).
-The queued tokens come from a per-pool backlog counter (the gateway adds on produce, the worker
-removes when it starts or drops a job); the rate is the sum of ready replicas' measured prefill
-rates. Batch work is never refused here: it waits in its own topic.
+A request waits for two things before its first token: the prefill of what is queued ahead of
+it (and its own), and, when every sequence slot of the pool is taken, a slot. Both are counted
+in one unit, prefill-token equivalents: each queued job holds its prompt tokens plus its share
+of slot time, ``slot_tokens`` = (mean slot-holding time of a job / the pool's slots) x the pool's
+prefill rate. The slots free now take that many jobs without a wait, so they are credited:
+
+    predicted TTFT = (overhead + max(ahead + own prompt + slot_tokens - free slots x
+                     slot_tokens, own prompt) / prefill rate) x the pool's calibration factor
+
+where `ahead` is what fair queuing serves before the request (a per-pool backlog counter, added
+by the gateway on produce and removed by the worker when it starts the job), the rate the sum
+of ready replicas' prefill rates, slots and slot times come from their heartbeats, and the
+calibration factor is learnt from the actual TTFTs of earlier requests (what the model leaves
+out: the engine step that makes the first token, batched prefill, the hop). With no slot
+times measured yet, slot_tokens is 0 and only prefill counts. Batch work is never refused
+here: it waits in its own topic.
 """
 
 from __future__ import annotations
@@ -28,6 +38,31 @@ class AdmissionDecision:
     admitted: bool
     predicted_ttft_s: float
     retry_after_s: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolSlots:
+    """A pool's sequence slots, from its ready replicas' heartbeats."""
+
+    total: int = 0
+    free: int = 0
+    slot_s: float = 0.0
+    """Mean slot-holding time of a job / total slots: how often, on average, a slot frees
+    while all are busy (0 until a job has finished)."""
+
+    def slot_tokens(self, prefill_tokens_per_s: float) -> int:
+        """A job's share of slot time in prefill-token equivalents."""
+        return math.ceil(self.slot_s * prefill_tokens_per_s - _EPSILON)
+
+
+def pool_slots(replicas: Sequence[ReplicaHeartbeat]) -> PoolSlots:
+    """Slots, free slots and slot time over the ready, healthy replicas that report them."""
+    ready = [r for r in replicas if r.state == "ready" and r.healthy and r.max_num_seqs > 0]
+    total = sum(r.max_num_seqs for r in ready)
+    free = sum(max(r.max_num_seqs - r.in_flight, 0) for r in ready)
+    timed = [r.mean_job_s for r in ready if r.mean_job_s > 0]
+    slot_s = sum(timed) / len(timed) / total if timed and total else 0.0
+    return PoolSlots(total, free, slot_s)
 
 
 def pool_prefill_rate(replicas: Sequence[ReplicaHeartbeat]) -> float:
@@ -57,10 +92,19 @@ class TtftPredictor:
         return self.fallback_prefill_tokens_per_s
 
     def predict(
-        self, *, prompt_tokens: int, queued_tokens: int, prefill_tokens_per_s: float
+        self,
+        *,
+        prompt_tokens: int,
+        queued_tokens: int,
+        prefill_tokens_per_s: float,
+        slot_tokens: int = 0,
+        free_slots: int = 0,
     ) -> float:
+        """Overhead plus the prefill-token equivalents served before the first token (see
+        the module docstring), at the pool's rate."""
         rate = self.rate(prefill_tokens_per_s)
-        return self.overhead_s + (max(queued_tokens, 0) + prompt_tokens) / rate
+        waited = max(queued_tokens, 0) + prompt_tokens + slot_tokens - free_slots * slot_tokens
+        return self.overhead_s + max(waited, prompt_tokens) / rate
 
 
 class TtftCalibration:
@@ -105,13 +149,21 @@ class AdmissionController:
         self.calibration = TtftCalibration()
 
     def predict(
-        self, *, prompt_tokens: int, queued_tokens: int, prefill_tokens_per_s: float, factor: float
+        self,
+        *,
+        prompt_tokens: int,
+        queued_tokens: int,
+        prefill_tokens_per_s: float,
+        factor: float,
+        slots: PoolSlots = PoolSlots(),
     ) -> float:
         """The calibrated TTFT prediction (the raw one x the pool's factor)."""
         raw = self.predictor.predict(
             prompt_tokens=prompt_tokens,
             queued_tokens=queued_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
+            slot_tokens=slots.slot_tokens(self.predictor.rate(prefill_tokens_per_s)),
+            free_slots=slots.free,
         )
         return raw * factor
 
@@ -122,16 +174,29 @@ class AdmissionController:
         prefill_tokens_per_s: float,
         slo_s: float | None = None,
         factor: float = 1.0,
+        slots: PoolSlots = PoolSlots(),
     ) -> int:
-        """The most queued prompt tokens (this request's included) that still meet the SLO.
-
-        The backlog adapter applies it atomically, so concurrent admissions cannot overshoot.
-        """
+        """The most queued units (this request's `job_units` included) that still meet the
+        SLO. The backlog adapter applies it atomically, so concurrent admissions cannot
+        overshoot."""
         rate = self.predictor.rate(prefill_tokens_per_s)
-        overhead = self.predictor.overhead_s
-        idle_ttft = overhead + prompt_tokens / rate
-        budget_s = max((self.default_slo_s if slo_s is None else slo_s) / factor, idle_ttft)
-        return math.floor((budget_s - overhead) * rate + _EPSILON)
+        budget_s = self._budget_s(prompt_tokens, rate, slo_s, factor)
+        credit = slots.free * slots.slot_tokens(rate)
+        return math.floor((budget_s - self.predictor.overhead_s) * rate + _EPSILON) + credit
+
+    def job_units(
+        self, *, prompt_tokens: int, prefill_tokens_per_s: float, slots: PoolSlots
+    ) -> int:
+        """What one interactive job adds to the backlog: its prompt and its slot share."""
+        return prompt_tokens + slots.slot_tokens(self.predictor.rate(prefill_tokens_per_s))
+
+    def _budget_s(
+        self, prompt_tokens: int, rate: float, slo_s: float | None, factor: float
+    ) -> float:
+        """The SLO in raw predicted seconds (SLO / calibration factor), never below what the
+        prompt takes on an idle pool (such a prompt is admitted once nothing is ahead)."""
+        idle_ttft = self.predictor.overhead_s + prompt_tokens / rate
+        return max((self.default_slo_s if slo_s is None else slo_s) / factor, idle_ttft)
 
     def decide(
         self,
@@ -142,24 +207,28 @@ class AdmissionController:
         prefill_tokens_per_s: float,
         slo_s: float | None = None,
         factor: float = 1.0,
+        slots: PoolSlots = PoolSlots(),
     ) -> AdmissionDecision:
         """Admit, or refuse with the whole seconds until the backlog has drained enough.
         Budgets are in raw predicted seconds: the SLO divided by the calibration factor."""
+        rate = self.predictor.rate(prefill_tokens_per_s)
+        slot_tokens = slots.slot_tokens(rate)
         raw = self.predictor.predict(
             prompt_tokens=prompt_tokens,
             queued_tokens=queued_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
+            slot_tokens=slot_tokens,
+            free_slots=slots.free,
         )
         predicted = raw * factor
         if tier == "batch":
             return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        rate = self.predictor.rate(prefill_tokens_per_s)
         overhead = self.predictor.overhead_s
-        idle_ttft = overhead + prompt_tokens / rate
-        budget_s = max((self.default_slo_s if slo_s is None else slo_s) / factor, idle_ttft)
+        budget_s = self._budget_s(prompt_tokens, rate, slo_s, factor)
         if raw <= budget_s + _EPSILON:
             return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        excess_tokens = max(queued_tokens, 0) + prompt_tokens - (budget_s - overhead) * rate
+        waited = max(queued_tokens, 0) + prompt_tokens + slot_tokens - slots.free * slot_tokens
+        excess_tokens = waited - (budget_s - overhead) * rate
         retry_after = max(1, math.ceil(excess_tokens / rate - _EPSILON))
         return AdmissionDecision(
             admitted=False, predicted_ttft_s=predicted, retry_after_s=retry_after

@@ -21,7 +21,7 @@ import structlog
 
 from gateway.auth import Team
 from gateway.errors import ApiError
-from gateway.services.admission import AdmissionController, pool_prefill_rate
+from gateway.services.admission import AdmissionController, pool_prefill_rate, pool_slots
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
@@ -156,16 +156,22 @@ class JobIntake:
 
         pool, tier = deployment.pool, request.effective_tier
         predicted: float | None = None
+        units = len(prompt)
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
+            slots = pool_slots(replicas)
             factor = self._admission.calibration.factor(pool)
+            units = self._admission.job_units(
+                prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slots=slots
+            )
             limit = self._admission.queue_limit(
                 prompt_tokens=len(prompt),
                 prefill_tokens_per_s=rate,
                 slo_s=deployment.ttft_slo_s,
                 factor=factor,
+                slots=slots,
             )
-            outcome = await self._backlog.try_add(pool, tier, len(prompt), limit, team=team.name)
+            outcome = await self._backlog.try_add(pool, tier, units, limit, team=team.name)
             if not outcome.added:
                 # The wait that matters is what fair queuing serves before this request: a
                 # flooding team is refused while other teams are still admitted.
@@ -176,6 +182,7 @@ class JobIntake:
                     prefill_tokens_per_s=rate,
                     slo_s=deployment.ttft_slo_s,
                     factor=factor,
+                    slots=slots,
                 )
                 log.info(
                     "request_shed",
@@ -197,16 +204,17 @@ class JobIntake:
                 queued_tokens=outcome.ahead,
                 prefill_tokens_per_s=rate,
                 factor=factor,
+                slots=slots,
             )
         else:
-            await self._backlog.add(pool, tier, len(prompt), team.name)  # batch: never refused
+            await self._backlog.add(pool, tier, units, team.name)  # batch: never refused
 
         policy = team.policy
         reservation = await self._quota.reserve_for(
             team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
         )
         if not reservation.allowed:
-            await self._backlog.remove(pool, tier, len(prompt), team.name)
+            await self._backlog.remove(pool, tier, units, team.name)
             if not reservation.satisfiable:
                 raise ApiError(
                     429,
@@ -234,6 +242,7 @@ class JobIntake:
             prompt_token_ids=tuple(prompt),
             sampling=sampling_settings(request, max_tokens),
             reserved_tokens=len(prompt) + max_tokens * choices,
+            queue_units=units,
             stream=bool(request.stream),
             created_at=now,
             deadline=now + self._timeout_s,
@@ -302,7 +311,7 @@ class JobIntake:
         job = admitted.job
         policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
         await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
-        await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+        await self._backlog.remove(job.pool, job.tier, job.backlog_units, job.team)
 
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
         """Queue the job: 503 if the broker refuses or does not acknowledge within

@@ -72,6 +72,13 @@ def bench_goodput(
     ttft_slo_s: Annotated[float, typer.Option(help="TTFT SLO for goodput (s).")] = 1.0,
     tpot_slo_s: Annotated[float, typer.Option(help="TPOT SLO for goodput (s).")] = 0.1,
     target: Annotated[list[str], typer.Option(help="Targets: llmq, direct.")] = ["llmq", "direct"],  # noqa: B006
+    engine: Annotated[
+        str,
+        typer.Option(help="The stack's engine: vllm, or simulated (direct = simulated server)."),
+    ] = "vllm",
+    max_num_seqs: Annotated[
+        int, typer.Option(help="The direct target's slots (set it to the stack's).")
+    ] = 16,
     plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path("goodput.png"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
 ) -> None:
@@ -87,7 +94,8 @@ def bench_goodput(
         {
             "base_url": base_url, "api_key": api_key, "model": model, "rates": rate,
             "requests": requests, "max_tokens": max_tokens, "ttft_slo_s": ttft_slo_s,
-            "tpot_slo_s": tpot_slo_s, "targets": target,
+            "tpot_slo_s": tpot_slo_s, "targets": target, "engine": engine,
+            "max_num_seqs": max_num_seqs,
         }
     )  # fmt: skip
     try:

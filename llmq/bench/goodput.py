@@ -17,6 +17,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
@@ -57,6 +58,14 @@ class GoodputSettings(BaseModel):
     targets: list[Target] = Field(default_factory=lambda: list(TARGETS))
     kv_cache_gib: float = 1.0
     request_timeout_s: float = 300.0
+    engine: Literal["vllm", "simulated"] = "vllm"
+    """What the stack's workers run. ``simulated``: the direct target is the queue-less
+    simulated server (`llmq.bench.sim_server`) over the same modelled GPU (``LLMQ_SIM_*``)
+    instead of vLLM's server, and every report says SIMULATED."""
+    max_num_seqs: int = 16
+    """The direct target's sequence slots: set it to the stack's workers' (the local
+    stack's ``LLMQ_DEV_MAX_NUM_SEQS``)."""
+    max_model_len: int = 2048
 
 
 class RateResult(BaseModel):
@@ -87,6 +96,8 @@ class RateResult(BaseModel):
 class GoodputReport(BaseModel):
     settings: GoodputSettings
     machine: str
+    engine: str = "vLLM"
+    """What both targets ran (the modelled GPU and model when simulated)."""
     results: list[RateResult] = Field(default_factory=list)
 
     def result(self, target: Target, rate: float) -> RateResult | None:
@@ -212,19 +223,52 @@ async def _measure(settings: GoodputSettings, urls: dict[Target, str]) -> list[R
     return results
 
 
+def simulated_engine_description() -> str:
+    """What ``LLMQ_SIM_*`` make the simulated engines model (stack and direct alike)."""
+    from workers.settings import WorkerSettings
+
+    sim = WorkerSettings(engine="simulated")
+    return (
+        f"SIMULATED {sim.sim_model} on {sim.sim_tensor_parallel}x {sim.sim_gpu} "
+        f"(time scale {sim.sim_time_scale:g}; direct = llmq.bench.sim_server)"
+    )
+
+
+def _start_direct(settings: GoodputSettings) -> tuple[services.ManagedProcess, str]:
+    """vLLM's own server on the model, or the simulated direct server on simulated stacks."""
+    from llmq.modelbuild import ensure_model
+
+    model_path = ensure_model(settings.model)
+    if settings.engine == "simulated":
+        from llmq.bench.sim_server import start_sim_server
+
+        return start_sim_server(
+            settings.model,
+            model_path,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+        )
+    direct = OverheadSettings(
+        model=settings.model,
+        kv_cache_gib=settings.kv_cache_gib,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+    )
+    return start_direct_server(direct, model_path)
+
+
 def run_goodput(settings: GoodputSettings) -> GoodputReport:
     """Run every rate on every target (starts and stops the direct vLLM server)."""
     report = GoodputReport(settings=settings, machine=machine_description())
+    if settings.engine == "simulated":
+        report.engine = simulated_engine_description()
     urls: dict[Target, str] = {}
     if "llmq" in settings.targets:
         urls["llmq"] = settings.base_url
     server: services.ManagedProcess | None = None
     try:
         if "direct" in settings.targets:
-            from llmq.modelbuild import ensure_model
-
-            direct = OverheadSettings(model=settings.model, kv_cache_gib=settings.kv_cache_gib)
-            server, urls["direct"] = start_direct_server(direct, ensure_model(settings.model))
+            server, urls["direct"] = _start_direct(settings)
         report.results = asyncio.run(_measure(settings, urls))
     finally:
         if server is not None:
@@ -243,7 +287,8 @@ def _ratio(value: float | None) -> str:
 def format_report(report: GoodputReport) -> str:
     s = report.settings
     lines = [
-        f"llmq bench goodput: model {s.model}, {s.requests} requests per rate and target, "
+        f"llmq bench goodput: model {s.model}, engine {report.engine}, "
+        f"{s.requests} requests per rate and target, "
         f"max_tokens {s.max_tokens}, SLO TTFT <= {s.ttft_slo_s:g} s and TPOT <= "
         f"{s.tpot_slo_s * 1000:g} ms, machine {report.machine} (cpus {os.cpu_count()})",
         f"{'rate':>6} {'target':<7}{'offered':>8}{'admitted':>9}{'refused':>8}{'failed':>7}"

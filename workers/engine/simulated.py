@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import heapq
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+import structlog
 
 from schemas.messages import InferenceJob
 from workers.engine.port import EngineRequestError, EngineStats, EngineStep
@@ -49,6 +52,8 @@ __all__ = [
     "H100_SXM", "H200", "LLAMA_8B", "LLAMA_70B", "GpuProfile", "ModelProfile", "ReplicaProfile",
     "SimSequence", "SimStepResult", "SimulatedGpuEngine",
 ]  # fmt: skip
+
+log = structlog.get_logger()
 
 PLACEHOLDER_TOKEN = "tok "
 SeqState = Literal["waiting", "running", "done"]
@@ -223,8 +228,17 @@ class SimulatedGpuEngine:
     def stats(self) -> EngineStats:
         usage = self._kv.used / self._kv.total
         return EngineStats(
-            running=len(self._running), waiting=self._n_waiting, kv_cache_usage=usage
+            running=len(self._running),
+            waiting=self._n_waiting,
+            kv_cache_usage=usage,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
         )
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """The modelled prefill rate: tokens of a full chunk per second of its compute."""
+        chunk = self.profile.max_num_batched_tokens
+        return chunk / self.profile.compute_time(chunk) * self.time_scale
 
     # -- KV blocks and scheduling ---------------------------------------------------------
 
@@ -302,6 +316,14 @@ class SimulatedGpuEngine:
     async def start(self) -> None:
         """Start the step loop (there is no model to load)."""
         if self._task is None:
+            log.info(
+                "engine_started",
+                engine="simulated",
+                model=self.profile.model.name,
+                gpu=self.profile.gpu.name,
+                tensor_parallel=self.profile.tensor_parallel,
+                kv_capacity_tokens=self.kv_capacity_tokens,
+            )
             self._wake = asyncio.Event()
             self._wake.set()
             self._task = asyncio.create_task(self._loop(), name=f"sim-engine-{self.name}")
@@ -312,8 +334,25 @@ class SimulatedGpuEngine:
             raise RuntimeError("engine not started")
         salt = (job.adapter, job.cache_salt)  # as in vLLM: both are part of the block hash
         priority = TIER_PRIORITY.get(job.tier, 0)
-        max_tokens = job.sampling.max_tokens
-        seq = self.submit(job.request_id, job.prompt_token_ids, max_tokens, priority, salt)
+        steps = self.stream(
+            job.request_id, job.prompt_token_ids, job.sampling.max_tokens, priority, salt
+        )
+        async with contextlib.aclosing(steps):  # closing this iterator aborts the request
+            async for step in steps:
+                yield step
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        priority: int = 0,
+        salt: object = None,
+    ) -> AsyncGenerator[EngineStep, None]:
+        """`generate` without a job message (for a queue-less server over this engine)."""
+        if self._task is None:
+            raise RuntimeError("engine not started")
+        seq = self.submit(request_id, prompt_token_ids, max_tokens, priority, salt)
         queue: asyncio.Queue[EngineStep] = asyncio.Queue()
         seq.queue = queue
         finished = False
