@@ -7,15 +7,15 @@ in one unit, prefill-token equivalents: each queued job holds its prompt tokens 
 of slot time, ``slot_tokens`` = (mean slot-holding time of a job / the pool's slots) x the pool's
 prefill rate. The slots free now take that many jobs without a wait, so they are credited:
 
-    predicted TTFT = (overhead + max(ahead + own prompt + slot_tokens - free slots x
-                     slot_tokens, own prompt) / prefill rate) x the pool's calibration factor
+    predicted TTFT = overhead + own prompt / rate
+                     + factor x max(ahead + slot_tokens - free slots x slot_tokens, 0) / rate
 
 where `ahead` is what fair queuing serves before the request (a per-pool backlog counter, added
 by the gateway on produce and removed by the worker when it starts the job), the rate the sum
-of ready replicas' prefill rates, slots and slot times come from their heartbeats, and the
-calibration factor is learnt from the actual TTFTs of earlier requests (what the model leaves
-out: the engine step that makes the first token, batched prefill, the hop). With no slot
-times measured yet, slot_tokens is 0 and only prefill counts. Batch work is never refused
+of ready replicas' prefill rates, and slots and slot times come from their heartbeats. The
+overhead (the hop, the engine step that makes the first token) and the factor on the wait are
+learnt per pool from actual TTFTs (`TtftCalibration`). With no slot times measured yet,
+slot_tokens is 0 and only prefill counts. Batch work is never refused
 here: it waits in its own topic.
 """
 
@@ -74,8 +74,22 @@ def pool_prefill_rate(replicas: Sequence[ReplicaHeartbeat]) -> float:
     )
 
 
+@dataclass(frozen=True)
+class TtftPrediction:
+    """One request's predicted time to first token and its parts (what calibration learns
+    from when the actual one arrives)."""
+
+    ttft_s: float
+    """The prediction: the pool's overhead + `prefill_s` + its calibration factor x `wait_s`."""
+    wait_s: float
+    """Raw seconds of work served before this request: the prefill of what is queued ahead
+    and the wait for a slot (0: nothing ahead and a slot free)."""
+    prefill_s: float
+    """This request's own prefill at the pool's rate."""
+
+
 class TtftPredictor:
-    """Time to first token from the queue ahead of a request and the pool's prefill rate."""
+    """The raw model: what is ahead of a request and its own prefill, at the pool's rate."""
 
     def __init__(
         self, *, overhead_s: float = 0.05, fallback_prefill_tokens_per_s: float = 2_000.0
@@ -83,6 +97,7 @@ class TtftPredictor:
         if overhead_s < 0 or fallback_prefill_tokens_per_s <= 0:
             raise ValueError("overhead must be >= 0 and the fallback rate > 0")
         self.overhead_s = overhead_s
+        """Where the learnt overhead starts (the hop, the step that makes the first token)."""
         self.fallback_prefill_tokens_per_s = fallback_prefill_tokens_per_s
 
     def rate(self, prefill_tokens_per_s: float) -> float:
@@ -91,7 +106,7 @@ class TtftPredictor:
             return prefill_tokens_per_s
         return self.fallback_prefill_tokens_per_s
 
-    def predict(
+    def parts(
         self,
         *,
         prompt_tokens: int,
@@ -99,17 +114,23 @@ class TtftPredictor:
         prefill_tokens_per_s: float,
         slot_tokens: int = 0,
         free_slots: int = 0,
-    ) -> float:
-        """Overhead plus the prefill-token equivalents served before the first token (see
-        the module docstring), at the pool's rate."""
+    ) -> tuple[float, float]:
+        """(wait, own prefill) in raw seconds: the prefill-token equivalents served before the
+        request (see the module docstring), and its own prompt, at the pool's rate."""
         rate = self.rate(prefill_tokens_per_s)
-        waited = max(queued_tokens, 0) + prompt_tokens + slot_tokens - free_slots * slot_tokens
-        return self.overhead_s + max(waited, prompt_tokens) / rate
+        ahead = max(queued_tokens, 0) + slot_tokens - free_slots * slot_tokens
+        return max(ahead, 0) / rate, prompt_tokens / rate
 
 
 class TtftCalibration:
-    """Per pool, how much longer (or shorter) TTFTs actually are than predicted: a moving
-    average, in log space, of actual / predicted, applied to later predictions."""
+    """Per pool, what the raw model leaves out, learnt from actual TTFTs (moving averages):
+
+    - the overhead (the hop, the engine step that makes the first token), from requests that
+      had nothing ahead of them: actual - own prefill;
+    - a factor on the wait, from requests that waited: (actual - overhead - own prefill) /
+      predicted wait, averaged in log space and bounded, so one wild measurement cannot make
+      it absurd.
+    """
 
     def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.25, 8.0)) -> None:
         if not 0 < weight <= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
@@ -117,18 +138,31 @@ class TtftCalibration:
         self.weight = weight
         self._log_bounds = (math.log(bounds[0]), math.log(bounds[1]))
         self._log_factor: dict[str, float] = {}
+        self._overhead_s: dict[str, float] = {}
 
     def factor(self, pool: str) -> float:
-        """What to multiply the pool's raw predictions by (1 until something is observed)."""
+        """What the pool's raw waits are multiplied by (1 until a request has waited)."""
         return math.exp(self._log_factor.get(pool, 0.0))
 
-    def observe(self, pool: str, predicted_s: float, actual_s: float) -> float:
-        """Learn from one request whose calibrated prediction was `predicted_s`; return the
-        pool's new factor."""
-        if predicted_s > 0 and actual_s > 0:
+    def overhead(self, pool: str, default_s: float) -> float:
+        """The pool's learnt overhead (``default_s`` until a request had nothing ahead)."""
+        return self._overhead_s.get(pool, default_s)
+
+    def observe(
+        self, pool: str, prediction: TtftPrediction, actual_s: float, default_overhead_s: float
+    ) -> float:
+        """Learn from one request's actual TTFT; return the pool's factor."""
+        overhead = self.overhead(pool, default_overhead_s)
+        beyond_overhead = actual_s - prediction.prefill_s
+        if prediction.wait_s <= 0:
+            sample = max(beyond_overhead, 0.0)
+            self._overhead_s[pool] = overhead + self.weight * (sample - overhead)
+        elif actual_s > 0:
             low, high = self._log_bounds
-            step = self.weight * math.log(actual_s / predicted_s)
-            self._log_factor[pool] = min(max(self._log_factor.get(pool, 0.0) + step, low), high)
+            ratio = max(beyond_overhead - overhead, _EPSILON) / prediction.wait_s
+            log_factor = self._log_factor.get(pool, 0.0)
+            log_factor += self.weight * (min(max(math.log(ratio), low), high) - log_factor)
+            self._log_factor[pool] = log_factor
         return self.factor(pool)
 
 
@@ -154,35 +188,20 @@ class AdmissionController:
         prompt_tokens: int,
         queued_tokens: int,
         prefill_tokens_per_s: float,
-        factor: float,
+        pool: str = "",
         slots: PoolSlots = PoolSlots(),
-    ) -> float:
-        """The calibrated TTFT prediction (the raw one x the pool's factor)."""
-        raw = self.predictor.predict(
+    ) -> TtftPrediction:
+        """The calibrated prediction for a request with `queued_tokens` ahead of it."""
+        rate = self.predictor.rate(prefill_tokens_per_s)
+        wait, prefill = self.predictor.parts(
             prompt_tokens=prompt_tokens,
             queued_tokens=queued_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
-            slot_tokens=slots.slot_tokens(self.predictor.rate(prefill_tokens_per_s)),
+            slot_tokens=slots.slot_tokens(rate),
             free_slots=slots.free,
         )
-        return raw * factor
-
-    def queue_limit(
-        self,
-        *,
-        prompt_tokens: int,
-        prefill_tokens_per_s: float,
-        slo_s: float | None = None,
-        factor: float = 1.0,
-        slots: PoolSlots = PoolSlots(),
-    ) -> int:
-        """The most queued units (this request's `job_units` included) that still meet the
-        SLO. The backlog adapter applies it atomically, so concurrent admissions cannot
-        overshoot."""
-        rate = self.predictor.rate(prefill_tokens_per_s)
-        budget_s = self._budget_s(prompt_tokens, rate, slo_s, factor)
-        credit = slots.free * slots.slot_tokens(rate)
-        return math.floor((budget_s - self.predictor.overhead_s) * rate + _EPSILON) + credit
+        ttft = self._overhead(pool) + prefill + self.calibration.factor(pool) * wait
+        return TtftPrediction(ttft_s=ttft, wait_s=wait, prefill_s=prefill)
 
     def job_units(
         self, *, prompt_tokens: int, prefill_tokens_per_s: float, slots: PoolSlots
@@ -190,13 +209,22 @@ class AdmissionController:
         """What one interactive job adds to the backlog: its prompt and its slot share."""
         return prompt_tokens + slots.slot_tokens(self.predictor.rate(prefill_tokens_per_s))
 
-    def _budget_s(
-        self, prompt_tokens: int, rate: float, slo_s: float | None, factor: float
-    ) -> float:
-        """The SLO in raw predicted seconds (SLO / calibration factor), never below what the
-        prompt takes on an idle pool (such a prompt is admitted once nothing is ahead)."""
-        idle_ttft = self.predictor.overhead_s + prompt_tokens / rate
-        return max((self.default_slo_s if slo_s is None else slo_s) / factor, idle_ttft)
+    def queue_limit(
+        self,
+        *,
+        prompt_tokens: int,
+        prefill_tokens_per_s: float,
+        slo_s: float | None = None,
+        pool: str = "",
+        slots: PoolSlots = PoolSlots(),
+    ) -> int:
+        """The most queued units (this request's `job_units` included) that still meet the
+        SLO. The backlog adapter applies it atomically, so concurrent admissions cannot
+        overshoot."""
+        rate = self.predictor.rate(prefill_tokens_per_s)
+        wait_budget_s = self._wait_budget_s(pool, prompt_tokens / rate, slo_s)
+        credit = slots.free * slots.slot_tokens(rate)
+        return math.floor(wait_budget_s * rate + _EPSILON) + prompt_tokens + credit
 
     def decide(
         self,
@@ -206,30 +234,34 @@ class AdmissionController:
         queued_tokens: int,
         prefill_tokens_per_s: float,
         slo_s: float | None = None,
-        factor: float = 1.0,
+        pool: str = "",
         slots: PoolSlots = PoolSlots(),
     ) -> AdmissionDecision:
-        """Admit, or refuse with the whole seconds until the backlog has drained enough.
-        Budgets are in raw predicted seconds: the SLO divided by the calibration factor."""
-        rate = self.predictor.rate(prefill_tokens_per_s)
-        slot_tokens = slots.slot_tokens(rate)
-        raw = self.predictor.predict(
+        """Admit, or refuse with the whole seconds until the backlog has drained enough."""
+        prediction = self.predict(
             prompt_tokens=prompt_tokens,
             queued_tokens=queued_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
-            slot_tokens=slot_tokens,
-            free_slots=slots.free,
+            pool=pool,
+            slots=slots,
         )
-        predicted = raw * factor
+        predicted = prediction.ttft_s
         if tier == "batch":
             return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        overhead = self.predictor.overhead_s
-        budget_s = self._budget_s(prompt_tokens, rate, slo_s, factor)
-        if raw <= budget_s + _EPSILON:
+        excess_s = prediction.wait_s - self._wait_budget_s(pool, prediction.prefill_s, slo_s)
+        if excess_s <= _EPSILON:
             return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        waited = max(queued_tokens, 0) + prompt_tokens + slot_tokens - slots.free * slot_tokens
-        excess_tokens = waited - (budget_s - overhead) * rate
-        retry_after = max(1, math.ceil(excess_tokens / rate - _EPSILON))
+        retry_after = max(1, math.ceil(excess_s - _EPSILON))
         return AdmissionDecision(
             admitted=False, predicted_ttft_s=predicted, retry_after_s=retry_after
         )
+
+    def _overhead(self, pool: str) -> float:
+        return self.calibration.overhead(pool, self.predictor.overhead_s)
+
+    def _wait_budget_s(self, pool: str, prefill_s: float, slo_s: float | None) -> float:
+        """The raw wait that still meets the SLO: (SLO - overhead - own prefill) / factor,
+        never below 0 (a prompt too long for the SLO is admitted once nothing is ahead)."""
+        slo = self.default_slo_s if slo_s is None else slo_s
+        left = slo - self._overhead(pool) - prefill_s
+        return max(left / self.calibration.factor(pool), 0.0)

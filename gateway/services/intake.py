@@ -21,7 +21,12 @@ import structlog
 
 from gateway.auth import Team
 from gateway.errors import ApiError
-from gateway.services.admission import AdmissionController, pool_prefill_rate, pool_slots
+from gateway.services.admission import (
+    AdmissionController,
+    TtftPrediction,
+    pool_prefill_rate,
+    pool_slots,
+)
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
@@ -59,7 +64,7 @@ def context_length_exceeded(message: str, param: str = "messages") -> ApiError:
 class AdmittedJob:
     job: InferenceJob
     partition: int | None
-    predicted_ttft_s: float | None = None
+    prediction: TtftPrediction | None = None
     """Admission's prediction of the time to first token (interactive jobs), checked
     against the actual one when the first token arrives."""
     tools: ToolPlan | None = None
@@ -155,12 +160,11 @@ class JobIntake:
         choices = request.choices  # each may use max_tokens: all are reserved, all are billed
 
         pool, tier = deployment.pool, request.effective_tier
-        predicted: float | None = None
+        predicted: TtftPrediction | None = None
         units = len(prompt)
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
             slots = pool_slots(replicas)
-            factor = self._admission.calibration.factor(pool)
             units = self._admission.job_units(
                 prompt_tokens=len(prompt), prefill_tokens_per_s=rate, slots=slots
             )
@@ -168,7 +172,7 @@ class JobIntake:
                 prompt_tokens=len(prompt),
                 prefill_tokens_per_s=rate,
                 slo_s=deployment.ttft_slo_s,
-                factor=factor,
+                pool=pool,
                 slots=slots,
             )
             outcome = await self._backlog.try_add(pool, tier, units, limit, team=team.name)
@@ -181,7 +185,7 @@ class JobIntake:
                     queued_tokens=outcome.ahead,
                     prefill_tokens_per_s=rate,
                     slo_s=deployment.ttft_slo_s,
-                    factor=factor,
+                    pool=pool,
                     slots=slots,
                 )
                 log.info(
@@ -203,7 +207,7 @@ class JobIntake:
                 prompt_tokens=len(prompt),
                 queued_tokens=outcome.ahead,
                 prefill_tokens_per_s=rate,
-                factor=factor,
+                pool=pool,
                 slots=slots,
             )
         else:
@@ -251,7 +255,7 @@ class JobIntake:
             caller=CallerTags.of(request),
         )
         if self._router is None:  # random routing: the broker's partitioner decides
-            return AdmittedJob(job=job, partition=None, predicted_ttft_s=predicted)
+            return AdmittedJob(job=job, partition=None, prediction=predicted)
         partitions = await self._queue.partitions(deployment.pool, tier)
         route = self._router.choose(
             pool=deployment.pool,
@@ -263,7 +267,7 @@ class JobIntake:
             topic=catalog.job_topic(deployment.pool, tier),
             cache_key=request.prompt_cache_key,
         )
-        return AdmittedJob(job=job, partition=route.partition, predicted_ttft_s=predicted)
+        return AdmittedJob(job=job, partition=route.partition, prediction=predicted)
 
     async def _render(self, model: str, request: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids, tokenized off the event loop; what cannot fit is refused
@@ -297,10 +301,11 @@ class JobIntake:
             raise context_length_exceeded(str(exc), "prompt") from exc
         return ids
 
-    def observe_ttft(self, pool: str, predicted_s: float, actual_s: float) -> float:
+    def observe_ttft(self, pool: str, prediction: TtftPrediction, actual_s: float) -> float:
         """Calibrate the pool's TTFT predictions with one request's actual TTFT; return the
         pool's new calibration factor."""
-        return self._admission.calibration.observe(pool, predicted_s, actual_s)
+        overhead_s = self._admission.predictor.overhead_s
+        return self._admission.calibration.observe(pool, prediction, actual_s, overhead_s)
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""

@@ -17,6 +17,7 @@ import structlog
 
 from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
+from gateway.services.admission import TtftPrediction
 from gateway.services.intake import AdmittedJob, JobIntake
 from schemas.generation import ServiceTier
 from schemas.messages import CancelEvent, ErrorEvent, FinishEvent, InferenceJob, TokenEvent
@@ -54,7 +55,7 @@ class ActiveRequest:
     attempt: int = 0
     """The run of the job whose tokens this request relays (0 until the first token)."""
     outcome: str = "abandoned"
-    predicted_ttft_s: float | None = None
+    prediction: TtftPrediction | None = None
     """Admission's predicted time to first token (interactive jobs)."""
     tools: ToolPlan | None = None
     """How the answer becomes tool calls (chat requests with a tool choice)."""
@@ -114,16 +115,14 @@ class JobRelay:
             partition=receipt.partition,
             offset=receipt.offset,
             prompt_tokens=len(job.prompt_token_ids),
-            predicted_ttft_s=None
-            if admitted.predicted_ttft_s is None
-            else round(admitted.predicted_ttft_s, 4),
+            predicted_ttft_s=_rounded(admitted.prediction),
         )
         return ActiveRequest(
             job=job,
             subscription=subscription,
             arrived=job.created_at,
             created=int(job.created_at),
-            predicted_ttft_s=admitted.predicted_ttft_s,
+            prediction=admitted.prediction,
             tools=admitted.tools,
         )
 
@@ -177,10 +176,10 @@ class JobRelay:
                 active.first_token_at = now
                 actual = now - active.arrived
                 self._metrics.ttft.labels(active.job.model).observe(actual)
-                if active.predicted_ttft_s is not None:
+                if active.prediction is not None:
                     job = active.job
-                    self._metrics.observe_prediction(job.model, active.predicted_ttft_s, actual)
-                    factor = self._intake.observe_ttft(job.pool, active.predicted_ttft_s, actual)
+                    self._metrics.observe_prediction(job.model, active.prediction.ttft_s, actual)
+                    factor = self._intake.observe_ttft(job.pool, active.prediction, actual)
                     self._metrics.ttft_calibration.labels(job.pool).set(factor)
             active.last_token_at = now
             active.tokens += event.num_tokens
@@ -218,7 +217,10 @@ class JobRelay:
             if active.first_token_at
             else None,
             e2e_s=round(now - active.arrived, 4),
-            predicted_ttft_s=None
-            if active.predicted_ttft_s is None
-            else round(active.predicted_ttft_s, 4),
+            predicted_ttft_s=_rounded(active.prediction),
         )
+
+
+def _rounded(prediction: TtftPrediction | None) -> float | None:
+    """A prediction for a log line."""
+    return None if prediction is None else round(prediction.ttft_s, 4)

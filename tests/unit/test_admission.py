@@ -6,9 +6,12 @@ import pytest
 
 from gateway.services.admission import (
     AdmissionController,
+    PoolSlots,
     TtftCalibration,
+    TtftPrediction,
     TtftPredictor,
     pool_prefill_rate,
+    pool_slots,
 )
 from schemas.messages import ReplicaHeartbeat
 from schemas.messages import ReplicaState as State
@@ -118,28 +121,79 @@ def test_pool_prefill_rate_sums_ready_healthy_replicas() -> None:
     assert pool_prefill_rate([]) == 0.0
 
 
-def test_calibration_learns_how_far_actual_ttfts_are_from_predicted() -> None:
+def test_calibration_learns_the_overhead_and_a_factor_on_the_wait() -> None:
     calibration = TtftCalibration(weight=0.5)
     assert calibration.factor("p") == 1.0  # nothing observed: the raw model
-    for _ in range(20):  # actual TTFTs are twice the calibrated prediction, until they match
-        calibration.observe("p", 1.0 * calibration.factor("p"), 2.0)
+    assert calibration.overhead("p", 0.05) == 0.05
+    idle = TtftPrediction(ttft_s=0.15, wait_s=0.0, prefill_s=0.1)
+    for _ in range(20):  # nothing ahead: actual - own prefill is the overhead
+        calibration.observe("p", idle, 0.13, default_overhead_s=0.05)
+    assert calibration.overhead("p", 0.05) == pytest.approx(0.03, abs=1e-4)
+    assert calibration.factor("p") == 1.0  # no wait observed yet
+    queued = TtftPrediction(ttft_s=0.63, wait_s=0.5, prefill_s=0.1)
+    for _ in range(20):  # waits run twice the raw model
+        calibration.observe("p", queued, 0.03 + 0.1 + 2 * 0.5, default_overhead_s=0.05)
     assert calibration.factor("p") == pytest.approx(2.0, rel=1e-3)
     assert calibration.factor("other") == 1.0  # per pool
     for _ in range(50):  # bounded: one wild measurement cannot make the factor absurd
-        calibration.observe("p", 0.001, 100.0)
+        calibration.observe("p", TtftPrediction(1.0, 0.001, 0.0), 100.0, 0.05)
     assert calibration.factor("p") == pytest.approx(8.0)
 
 
-def test_a_calibrated_admission_shrinks_the_budget_by_its_factor() -> None:
+def test_a_calibrated_admission_shrinks_the_wait_budget_by_its_factor() -> None:
     controller = AdmissionController(TtftPredictor(overhead_s=0.0), default_slo_s=1.0)
-    raw = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000)
-    slower = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, factor=2.0)
-    assert (raw, slower) == (1_000, 500)  # TTFTs run twice the model: half the queue fits
+    raw = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p")
+    queued = TtftPrediction(ttft_s=0.6, wait_s=0.5, prefill_s=0.1)
+    for _ in range(60):  # waits take twice the raw model
+        controller.calibration.observe("p", queued, 0.1 + 2 * 0.5, default_overhead_s=0.0)
+    slower = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p")
+    # 0.9 s of the SLO is left for waiting: 900 units ahead raw, 450 at twice the time
+    assert (raw, slower) == (900 + 100, 450 + 100)
     decision = controller.decide(
         tier="interactive", prompt_tokens=100, queued_tokens=500, prefill_tokens_per_s=1_000,
-        factor=2.0,
+        pool="p",
     )  # fmt: skip
-    assert not decision.admitted and decision.predicted_ttft_s == pytest.approx(1.2)
-    assert controller.predict(
-        prompt_tokens=100, queued_tokens=0, prefill_tokens_per_s=1_000, factor=2.0
-    ) == pytest.approx(0.2)
+    assert not decision.admitted and decision.predicted_ttft_s == pytest.approx(1.1)
+    idle = controller.predict(
+        prompt_tokens=100, queued_tokens=0, prefill_tokens_per_s=1_000, pool="p"
+    )
+    assert idle == TtftPrediction(ttft_s=pytest.approx(0.1), wait_s=0.0, prefill_s=0.1)
+
+
+def _slotted(max_num_seqs: int, in_flight: int, mean_job_s: float) -> ReplicaHeartbeat:
+    return ReplicaHeartbeat(
+        replica_id=f"r{max_num_seqs}-{in_flight}", pool="p", model="m", state="ready",
+        max_num_seqs=max_num_seqs, in_flight=in_flight, mean_job_s=mean_job_s, sent_at=1.0,
+    )  # fmt: skip
+
+
+def test_pool_slots_from_heartbeats() -> None:
+    slots = pool_slots([_slotted(8, 8, 1.0), _slotted(8, 5, 3.0), _slotted(0, 0, 0.0)])
+    assert (slots.total, slots.free) == (16, 3)
+    assert slots.slot_s == pytest.approx(2.0 / 16)  # mean job time / slots
+    assert slots.slot_tokens(1_000.0) == 125
+    assert pool_slots([]) == PoolSlots()
+
+
+def test_a_full_pool_predicts_a_slot_wait_and_free_slots_take_jobs_at_once() -> None:
+    controller = AdmissionController(TtftPredictor(overhead_s=0.0), default_slo_s=1.0)
+    full = PoolSlots(total=8, free=0, slot_s=0.1)  # a slot frees every 0.1 s on average
+    free = PoolSlots(total=8, free=2, slot_s=0.1)
+    kwargs = {"prompt_tokens": 100, "prefill_tokens_per_s": 1_000.0}
+    units = controller.job_units(**kwargs, slots=full)  # type: ignore[arg-type]
+    assert units == 100 + 100  # 0.1 s of slot time = 100 prefill-token equivalents
+    # Nothing queued, every slot busy: wait for one slot.
+    busy = controller.predict(**kwargs, queued_tokens=0, slots=full)  # type: ignore[arg-type]
+    assert busy.wait_s == pytest.approx(0.1)
+    # One job queued ahead and two slots free: no slot wait, only the prefill ahead.
+    taken = controller.predict(**kwargs, queued_tokens=units, slots=free)  # type: ignore[arg-type]
+    assert taken.wait_s == pytest.approx(0.1)
+    alone = controller.predict(**kwargs, queued_tokens=0, slots=free)  # type: ignore[arg-type]
+    assert alone.wait_s == 0.0
+    # Three queued ahead, two free: the third and this one wait for two slots.
+    waits = controller.predict(**kwargs, queued_tokens=3 * units, slots=free)  # type: ignore[arg-type]
+    assert waits.wait_s == pytest.approx(0.3 + 0.2)  # their prompts' prefill + two slots
+    # The atomic limit agrees with the prediction.
+    limit = controller.queue_limit(**kwargs, slots=free)  # type: ignore[arg-type]
+    fits = controller.predict(**kwargs, queued_tokens=limit - units, slots=free)  # type: ignore[arg-type]
+    assert fits.ttft_s == pytest.approx(1.0, abs=1e-3)

@@ -337,8 +337,9 @@ async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
     service, _, _ = await _service(backlog=backlog)
     active = await service.start(_req(), Team("t"))
     # overhead 0.05 s + (1,000 queued + 2 own prompt tokens) / 2,000 tok/s
-    assert active.predicted_ttft_s == pytest.approx(0.05 + 1_002 / 2_000)
-    assert (await service.start(_req(tier="batch"), Team("t"))).predicted_ttft_s is None
+    assert active.prediction is not None
+    assert active.prediction.ttft_s == pytest.approx(0.05 + 1_002 / 2_000)
+    assert (await service.start(_req(tier="batch"), Team("t"))).prediction is None
     _ = [c async for c in service.stream_chunks(active, include_usage=False)]
     registry = service._metrics.registry
     count = registry.get_sample_value("llmq_ttft_prediction_abs_error_ratio_count", {"model": "m"})
@@ -346,6 +347,6 @@ async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
     assert active.first_token_at is not None
     actual = active.first_token_at - active.arrived
     error = registry.get_sample_value("llmq_ttft_prediction_abs_error_ratio_sum", {"model": "m"})
-    assert error == pytest.approx(abs(active.predicted_ttft_s - actual) / actual)
+    assert error == pytest.approx(abs(active.prediction.ttft_s - actual) / actual)
     signed = registry.get_sample_value("llmq_ttft_prediction_error_ratio_count", {"model": "m"})
     assert signed == 1
