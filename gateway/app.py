@@ -80,7 +80,8 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
                 TtftPredictor(
                     overhead_s=settings.admission_overhead_s,
                     fallback_prefill_tokens_per_s=settings.fallback_prefill_tokens_per_s,
-                )
+                ),
+                quantile=settings.admission_quantile,
             ),
             quota=quota,
             router=PartitionRouter(

@@ -48,7 +48,10 @@ class GatewaySettings(BaseSettings):
     """Team -> weight, tokens per minute and SHA-256 hashes of its keys (JSON object). Teams
     not listed get the default policy."""
     admission_overhead_s: float = 0.05
-    """Fixed part of the predicted TTFT (queue hops, first decode step)."""
+    """Where the learnt overhead of the predicted TTFT starts (queue hops, first step)."""
+    admission_quantile: float = 0.95
+    """Admit an interactive request when this percentile of its predicted TTFT meets the SLO
+    (from the measured spread of earlier predictions); 0.5 admits on the typical one."""
     fallback_prefill_tokens_per_s: float = 2000.0
     """Prefill rate assumed for a pool whose workers have not measured one yet."""
     routing: Literal["affinity", "random"] = "affinity"

@@ -190,13 +190,20 @@ class InferenceJob(Message):
     so one team's cache never serves, or reveals, another team's prompt. Replays keep it."""
     queue_units: int = 0
     """What the job added to its pool's admission backlog: its prompt tokens plus its share
-    of the pool's slot time as prefill-token equivalents (`gateway.services.admission`); the
-    worker removes exactly this when it starts the job. 0: its prompt length (batch jobs)."""
+    of the pool's slot time as prefill-token equivalents (`gateway.services.admission`). The
+    worker removes the prompt tokens when it starts the job and the slot share when the job
+    ends, so the backlog counts queued prompts and the slots that queued and running jobs
+    hold. 0: its prompt length only (batch jobs)."""
 
     @property
     def backlog_units(self) -> int:
-        """The amount this job holds in its pool's backlog counter."""
-        return self.queue_units or len(self.prompt_token_ids)
+        """The amount this job holds in its pool's backlog counter until it starts."""
+        return max(self.queue_units, len(self.prompt_token_ids))
+
+    @property
+    def slot_units(self) -> int:
+        """The part of `backlog_units` held until the job ends (its share of slot time)."""
+        return self.backlog_units - len(self.prompt_token_ids)
 
 
 class UsageCounts(BaseModel):

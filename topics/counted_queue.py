@@ -19,8 +19,8 @@ class CountedJobQueue:
         self._backlog = backlog
 
     async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
-        """Count the job's prompt tokens, then produce it; a failed produce uncounts them."""
-        tokens = len(job.prompt_token_ids)
+        """Count the job's backlog units, then produce it; a failed produce uncounts them."""
+        tokens = job.backlog_units
         tier: PriorityClass = job.tier
         await self._backlog.add(job.pool, tier, tokens, job.team)
         try:

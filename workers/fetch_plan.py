@@ -15,13 +15,15 @@ Batch work is fetched only as far as its budget allows.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from workers.headroom import FetchBudget
 
 P = TypeVar("P")  # a partition (aiokafka's TopicPartition in the worker)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,25 @@ def plan_fetch(
             resume.update(assigned)
             most = max(most, want[cls])
     return FetchPlan(frozenset(pause), frozenset(resume), most)
+
+
+async def wake_during(
+    fetch: Awaitable[R],
+    wake: asyncio.Event,
+    on_wake: Callable[[], Awaitable[None]],
+    stopping: asyncio.Event,
+) -> R:
+    """Await a fetch; each time `wake` is set meanwhile (a slot freed), clear it and run
+    `on_wake` (start a held job now, not when the fetch returns, up to its timeout later).
+    The fetch is never cancelled, so no record it took is lost."""
+    task = asyncio.ensure_future(fetch)
+    while not task.done():
+        woken = asyncio.ensure_future(wake.wait())
+        await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+        if not woken.done():
+            woken.cancel()
+            continue
+        wake.clear()
+        if not stopping.is_set():
+            await on_wake()
+    return await task

@@ -22,6 +22,7 @@ import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -34,7 +35,7 @@ from workers.commits import CommitOnRevoke, commit_done
 from workers.dead_letters import set_aside
 from workers.engine.port import EngineClient
 from workers.fair_queue import FairQueue
-from workers.fetch_plan import plan_fetch
+from workers.fetch_plan import plan_fetch, wake_during
 from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.offsets import OffsetTracker
@@ -85,6 +86,9 @@ class PullLoop:
         self._buffer: FairQueue[_Fetched] = FairQueue()
         self._next: _Fetched | None = None  # popped in fair order, waiting for room
         self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
+        self._engine_done: set[str] = set()
+        """Running jobs the engine is done with (their slot is free) while their outcome is
+        being recorded."""
         self._cancelled_by_client: set[str] = set()
         self._preempted: set[str] = set()
         self._waited: set[str] = set()
@@ -142,10 +146,10 @@ class PullLoop:
     async def run(self, drain_grace_s: float) -> None:
         self._consumer.subscribe(list(self._topics.values()), listener=CommitOnRevoke(self))
         while not self._stopping.is_set():
+            self._wake.clear()  # what happens from here on wakes the turn's waits
             await self._start_what_fits()
             fetched = await self._fetch()
-            if not fetched:
-                self._wake.clear()
+            if not fetched and not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_WAIT_S):
                         await self._wake.wait()
@@ -153,11 +157,13 @@ class PullLoop:
         await self._drain(drain_grace_s)
 
     def _engine_load(self) -> EngineLoad:
-        held = Counter(f.job.team for _, f in self._running.values())
+        running = [f for rid, (_, f) in self._running.items() if rid not in self._engine_done]
+        held = Counter(f.job.team for f in running)
+        not_started = self._load.not_started()
         reserved = sum(
             self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
-            for _, f in self._running.values()
-            if f.job.request_id in self._load.not_started()
+            for f in running
+            if f.job.request_id in not_started
         )
         waiting = [item.job.team for item in self._buffer.items()]
         if self._next is not None:
@@ -165,7 +171,7 @@ class PullLoop:
         teams = self._teams.behaviour(held, waiting)
         return EngineLoad.from_stats(
             self._engine.stats(),
-            in_flight=len(self._running),
+            in_flight=len(running),
             max_num_seqs=self._engine.max_num_seqs,
             kv_capacity_tokens=self._engine.kv_capacity_tokens,
             reserved_tokens=reserved,
@@ -176,7 +182,7 @@ class PullLoop:
             # Every held batch job, started in the runner or not yet (a job's task reaches the
             # engine only after a few Redis round trips): counting only running ones let one
             # fetch start a burst of batch jobs past the cap.
-            batch_in_flight=sum(1 for _, f in self._running.values() if f.job.tier == "batch"),
+            batch_in_flight=sum(1 for f in running if f.job.tier == "batch"),
             teams_in_flight=frozenset(held),
             team_held=held,
             active_weights=teams.weights,
@@ -270,15 +276,21 @@ class PullLoop:
             if not assignment:
                 await asyncio.sleep(IDLE_WAIT_S)  # still joining the group
             return 0
-        batches = await self._consumer.getmany(
-            timeout_ms=IDLE_WAIT_S * 1000, max_records=plan.max_records
-        )
+        batches = await self._fetch_or_start(plan.max_records)
         count = 0
         for tp, records in batches.items():
             for record in records:
                 await self._accept(tp, record.offset, record.value)
                 count += 1
         return count
+
+    async def _fetch_or_start(self, max_records: int) -> dict[TopicPartition, list[Any]]:
+        """Fetch (up to IDLE_WAIT_S); a slot freeing meanwhile starts a held job at once."""
+        fetch = self._consumer.getmany(timeout_ms=IDLE_WAIT_S * 1000, max_records=max_records)
+        batches: dict[TopicPartition, list[Any]] = await wake_during(
+            fetch, self._wake, self._start_what_fits, self._stopping
+        )
+        return batches
 
     async def _accept(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         self.offsets.started(tp, offset)
@@ -320,7 +332,7 @@ class PullLoop:
         terminal = False
         try:
             origin = JobOrigin(item.tp.topic, item.tp.partition, item.offset, item.fetched_at)
-            await self._runner.run(job, origin)
+            await self._runner.run(job, origin, lambda: self._slot_freed(job.request_id))
             terminal = True
         except RunFailed:  # the engine raised before the caller saw a token: run it again
             terminal = await self._requeue_job(job)
@@ -342,9 +354,15 @@ class PullLoop:
             self._preempted.discard(job.request_id)
             self._waited.discard(job.request_id)
             self._running.pop(job.request_id, None)
+            self._engine_done.discard(job.request_id)
             if terminal:
                 self.offsets.finished(item.tp, item.offset)
             self._wake.set()
+
+    def _slot_freed(self, request_id: str) -> None:
+        """The engine is done with a job: its slot may take the next one now."""
+        self._engine_done.add(request_id)
+        self._wake.set()
 
     async def _preempt(self, request_id: str, load: EngineLoad) -> bool:
         entry = self._running.get(request_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -99,16 +100,24 @@ class JobRunner:
         self._backlog = backlog
         self._load = load
 
-    async def run(self, job: InferenceJob, origin: JobOrigin | None = None) -> JobOutcome:
+    async def run(
+        self,
+        job: InferenceJob,
+        origin: JobOrigin | None = None,
+        on_engine_done: Callable[[], None] | None = None,
+    ) -> JobOutcome:
         """Run `job` to a terminal event; cancelling the calling task aborts it in the engine.
+        `on_engine_done` is called as soon as the engine is done with it (its sequence slot is
+        free), before the outcome is recorded.
 
         Raises `RunFailed` when the engine raised before the caller saw a token: the job is
         re-queued (and dead-lettered once its runs have failed `max_failed_runs` times)."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
         delivered = UsageCounts()
         try:
-            # The job leaves the queue now (admission counts queued prompt tokens per pool).
-            await self._backlog.remove(job.pool, job.tier, job.backlog_units, job.team)
+            # Its prompt leaves the queue now (admission counts queued prompt tokens per pool;
+            # the job's share of slot time stays counted until it ends: `_finished`).
+            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
             forced = job.replay is not None and job.replay.force
             if not forced and await self._ledger.is_finished(job.request_id):
                 bound.info("job_skipped_finished")
@@ -221,6 +230,8 @@ class JobRunner:
             usage = delivered
         finally:
             self._load.finished(job.request_id)
+            if on_engine_done is not None:
+                on_engine_done()
         try:
             await self._finished(job, outcome, usage, started, first_token_at, origin)
         finally:
@@ -311,6 +322,8 @@ class JobRunner:
         if not first and not forced:
             log.warning("job_finished_twice", request_id=job.request_id, outcome=outcome)
             return
+        if job.slot_units:  # its slot is free again (once: the first run to end frees it)
+            await self._backlog.remove(job.pool, job.tier, job.slot_units, job.team)
         await self._usage.record(
             UsageRecord(
                 request_id=job.request_id,

@@ -3,25 +3,32 @@ cannot be met.
 
 A request waits for two things before its first token: the prefill of what is queued ahead of
 it (and its own), and, when every sequence slot of the pool is taken, a slot. Both are counted
-in one unit, prefill-token equivalents: each queued job holds its prompt tokens plus its share
-of slot time, ``slot_tokens`` = (mean slot-holding time of a job / the pool's slots) x the pool's
-prefill rate. The slots free now take that many jobs without a wait, so they are credited:
+in one unit, prefill-token equivalents, in a per-pool backlog counter:
+
+- the gateway adds each interactive job's prompt tokens plus its share of slot time,
+  ``slot_tokens`` = (mean slot-holding time of a job / the pool's slots) x the pool's prefill
+  rate, when it produces the job (`InferenceJob.queue_units`);
+- the worker removes the prompt tokens when it starts the job and the slot share when the job
+  ends.
+
+So the counter holds the prompts still to prefill and one slot share per queued or running job.
+The pool's slots take that many jobs without a wait, so they are credited:
 
     predicted TTFT = overhead + own prompt / rate
-                     + factor x max(ahead + slot_tokens - free slots x slot_tokens, 0) / rate
+                     + factor x max(ahead + slot_tokens - slots x slot_tokens, 0) / rate
 
-where `ahead` is what fair queuing serves before the request (a per-pool backlog counter, added
-by the gateway on produce and removed by the worker when it starts the job), the rate the sum
-of ready replicas' prefill rates, and slots and slot times come from their heartbeats. The
-overhead (the hop, the engine step that makes the first token) and the factor on the wait are
-learnt per pool from actual TTFTs (`TtftCalibration`). With no slot times measured yet,
-slot_tokens is 0 and only prefill counts. Batch work is never refused
-here: it waits in its own topic.
+where `ahead` is what fair queuing serves before the request (the team's own units, and at
+most as much of each other team's), the rate the sum of ready replicas' prefill rates, and
+slots and slot times come from their heartbeats. The overhead (the hop, the engine step that
+makes the first token) and the factor on the wait are learnt per pool from actual TTFTs
+(`TtftCalibration`). With no slot times measured yet, slot_tokens is 0 and only prefill counts.
+Batch work is never refused here: it waits in its own topic.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +52,6 @@ class PoolSlots:
     """A pool's sequence slots, from its ready replicas' heartbeats."""
 
     total: int = 0
-    free: int = 0
     slot_s: float = 0.0
     """Mean slot-holding time of a job / total slots: how often, on average, a slot frees
     while all are busy (0 until a job has finished)."""
@@ -56,13 +62,12 @@ class PoolSlots:
 
 
 def pool_slots(replicas: Sequence[ReplicaHeartbeat]) -> PoolSlots:
-    """Slots, free slots and slot time over the ready, healthy replicas that report them."""
+    """Slots and slot time over the ready, healthy replicas that report them."""
     ready = [r for r in replicas if r.state == "ready" and r.healthy and r.max_num_seqs > 0]
     total = sum(r.max_num_seqs for r in ready)
-    free = sum(max(r.max_num_seqs - r.in_flight, 0) for r in ready)
     timed = [r.mean_job_s for r in ready if r.mean_job_s > 0]
     slot_s = sum(timed) / len(timed) / total if timed and total else 0.0
-    return PoolSlots(total, free, slot_s)
+    return PoolSlots(total, slot_s)
 
 
 def pool_prefill_rate(replicas: Sequence[ReplicaHeartbeat]) -> float:
@@ -83,7 +88,7 @@ class TtftPrediction:
     """The prediction: the pool's overhead + `prefill_s` + its calibration factor x `wait_s`."""
     wait_s: float
     """Raw seconds of work served before this request: the prefill of what is queued ahead
-    and the wait for a slot (0: nothing ahead and a slot free)."""
+    and the wait for a slot (0: nothing ahead and a slot free for it)."""
     prefill_s: float
     """This request's own prefill at the pool's rate."""
 
@@ -113,12 +118,12 @@ class TtftPredictor:
         queued_tokens: int,
         prefill_tokens_per_s: float,
         slot_tokens: int = 0,
-        free_slots: int = 0,
+        slots: int = 0,
     ) -> tuple[float, float]:
         """(wait, own prefill) in raw seconds: the prefill-token equivalents served before the
         request (see the module docstring), and its own prompt, at the pool's rate."""
         rate = self.rate(prefill_tokens_per_s)
-        ahead = max(queued_tokens, 0) + slot_tokens - free_slots * slot_tokens
+        ahead = max(queued_tokens, 0) + slot_tokens - slots * slot_tokens
         return max(ahead, 0) / rate, prompt_tokens / rate
 
 
@@ -129,7 +134,9 @@ class TtftCalibration:
       had nothing ahead of them: actual - own prefill;
     - a factor on the wait, from requests that waited: (actual - overhead - own prefill) /
       predicted wait, averaged in log space and bounded, so one wild measurement cannot make
-      it absurd.
+      it absurd;
+    - how far single waits stray from that, in seconds (the moving average of the squared
+      error), so admission can judge a high percentile of the TTFT instead of its typical value.
     """
 
     def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.25, 8.0)) -> None:
@@ -139,10 +146,15 @@ class TtftCalibration:
         self._log_bounds = (math.log(bounds[0]), math.log(bounds[1]))
         self._log_factor: dict[str, float] = {}
         self._overhead_s: dict[str, float] = {}
+        self._variance: dict[str, float] = {}
 
     def factor(self, pool: str) -> float:
         """What the pool's raw waits are multiplied by (1 until a request has waited)."""
         return math.exp(self._log_factor.get(pool, 0.0))
+
+    def spread_s(self, pool: str) -> float:
+        """The standard deviation of actual - predicted wait, in seconds (0 until measured)."""
+        return math.sqrt(self._variance.get(pool, 0.0))
 
     def overhead(self, pool: str, default_s: float) -> float:
         """The pool's learnt overhead (``default_s`` until a request had nothing ahead)."""
@@ -159,10 +171,13 @@ class TtftCalibration:
             self._overhead_s[pool] = overhead + self.weight * (sample - overhead)
         elif actual_s > 0:
             low, high = self._log_bounds
-            ratio = max(beyond_overhead - overhead, _EPSILON) / prediction.wait_s
+            waited = max(beyond_overhead - overhead, _EPSILON)
             log_factor = self._log_factor.get(pool, 0.0)
-            log_factor += self.weight * (min(max(math.log(ratio), low), high) - log_factor)
-            self._log_factor[pool] = log_factor
+            error_s = waited - math.exp(log_factor) * prediction.wait_s
+            variance = self._variance.get(pool, 0.0)
+            self._variance[pool] = variance + self.weight * (error_s**2 - variance)
+            log_ratio = min(max(math.log(waited / prediction.wait_s), low), high)
+            self._log_factor[pool] = log_factor + self.weight * (log_ratio - log_factor)
         return self.factor(pool)
 
 
@@ -174,13 +189,23 @@ class AdmissionController:
     """
 
     def __init__(
-        self, predictor: TtftPredictor | None = None, *, default_slo_s: float = 1.0
+        self,
+        predictor: TtftPredictor | None = None,
+        *,
+        default_slo_s: float = 1.0,
+        quantile: float = 0.5,
     ) -> None:
         if default_slo_s <= 0:
             raise ValueError("the TTFT SLO must be positive")
+        if not 0.5 <= quantile < 1:
+            raise ValueError("the quantile lies in [0.5, 1)")
         self.predictor = predictor or TtftPredictor()
         self.default_slo_s = default_slo_s
         self.calibration = TtftCalibration()
+        self.z = statistics.NormalDist().inv_cdf(quantile)
+        """How many standard deviations of the wait's error admission allows for: a
+        request is admitted when that percentile of its TTFT (not the typical one) meets
+        the SLO."""
 
     def predict(
         self,
@@ -198,7 +223,7 @@ class AdmissionController:
             queued_tokens=queued_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
             slot_tokens=slots.slot_tokens(rate),
-            free_slots=slots.free,
+            slots=slots.total,
         )
         ttft = self._overhead(pool) + prefill + self.calibration.factor(pool) * wait
         return TtftPrediction(ttft_s=ttft, wait_s=wait, prefill_s=prefill)
@@ -223,7 +248,7 @@ class AdmissionController:
         overshoot."""
         rate = self.predictor.rate(prefill_tokens_per_s)
         wait_budget_s = self._wait_budget_s(pool, prompt_tokens / rate, slo_s)
-        credit = slots.free * slots.slot_tokens(rate)
+        credit = slots.total * slots.slot_tokens(rate)
         return math.floor(wait_budget_s * rate + _EPSILON) + prompt_tokens + credit
 
     def decide(
@@ -260,8 +285,10 @@ class AdmissionController:
         return self.calibration.overhead(pool, self.predictor.overhead_s)
 
     def _wait_budget_s(self, pool: str, prefill_s: float, slo_s: float | None) -> float:
-        """The raw wait that still meets the SLO: (SLO - overhead - own prefill) / factor,
-        never below 0 (a prompt too long for the SLO is admitted once nothing is ahead)."""
+        """The raw wait that still meets the SLO: (SLO - overhead - own prefill - the margin
+        for the admitted percentile) / factor, never below 0 (a prompt too long for the SLO
+        is admitted once nothing is ahead)."""
         slo = self.default_slo_s if slo_s is None else slo_s
-        left = slo - self._overhead(pool) - prefill_s
+        margin_s = self.z * self.calibration.spread_s(pool)
+        left = slo - self._overhead(pool) - prefill_s - margin_s
         return max(left / self.calibration.factor(pool), 0.0)

@@ -169,31 +169,30 @@ def _slotted(max_num_seqs: int, in_flight: int, mean_job_s: float) -> ReplicaHea
 
 def test_pool_slots_from_heartbeats() -> None:
     slots = pool_slots([_slotted(8, 8, 1.0), _slotted(8, 5, 3.0), _slotted(0, 0, 0.0)])
-    assert (slots.total, slots.free) == (16, 3)
+    assert slots.total == 16
     assert slots.slot_s == pytest.approx(2.0 / 16)  # mean job time / slots
     assert slots.slot_tokens(1_000.0) == 125
     assert pool_slots([]) == PoolSlots()
 
 
-def test_a_full_pool_predicts_a_slot_wait_and_free_slots_take_jobs_at_once() -> None:
+def test_jobs_beyond_the_slots_wait_for_one_to_free() -> None:
     controller = AdmissionController(TtftPredictor(overhead_s=0.0), default_slo_s=1.0)
-    full = PoolSlots(total=8, free=0, slot_s=0.1)  # a slot frees every 0.1 s on average
-    free = PoolSlots(total=8, free=2, slot_s=0.1)
-    kwargs = {"prompt_tokens": 100, "prefill_tokens_per_s": 1_000.0}
-    units = controller.job_units(**kwargs, slots=full)  # type: ignore[arg-type]
+    slots = PoolSlots(total=2, slot_s=0.1)  # while both are busy, one frees every 0.1 s
+    kwargs = {"prompt_tokens": 100, "prefill_tokens_per_s": 1_000.0, "slots": slots}
+    units = controller.job_units(**kwargs)  # type: ignore[arg-type]
     assert units == 100 + 100  # 0.1 s of slot time = 100 prefill-token equivalents
-    # Nothing queued, every slot busy: wait for one slot.
-    busy = controller.predict(**kwargs, queued_tokens=0, slots=full)  # type: ignore[arg-type]
-    assert busy.wait_s == pytest.approx(0.1)
-    # One job queued ahead and two slots free: no slot wait, only the prefill ahead.
-    taken = controller.predict(**kwargs, queued_tokens=units, slots=free)  # type: ignore[arg-type]
-    assert taken.wait_s == pytest.approx(0.1)
-    alone = controller.predict(**kwargs, queued_tokens=0, slots=free)  # type: ignore[arg-type]
+    running = 100  # a running job holds only its slot share (its prompt left at start)
+    alone = controller.predict(**kwargs, queued_tokens=0)  # type: ignore[arg-type]
     assert alone.wait_s == 0.0
-    # Three queued ahead, two free: the third and this one wait for two slots.
-    waits = controller.predict(**kwargs, queued_tokens=3 * units, slots=free)  # type: ignore[arg-type]
-    assert waits.wait_s == pytest.approx(0.3 + 0.2)  # their prompts' prefill + two slots
+    # One job running: a slot is free, nothing to wait for.
+    assert controller.predict(**kwargs, queued_tokens=running).wait_s == 0.0  # type: ignore[arg-type]
+    # Two running: wait for one slot.
+    busy = controller.predict(**kwargs, queued_tokens=2 * running)  # type: ignore[arg-type]
+    assert busy.wait_s == pytest.approx(0.1)
+    # Two running and two queued: their prefill and three slot turns.
+    deep = controller.predict(**kwargs, queued_tokens=2 * running + 2 * units)  # type: ignore[arg-type]
+    assert deep.wait_s == pytest.approx(0.2 + 0.3)
     # The atomic limit agrees with the prediction.
-    limit = controller.queue_limit(**kwargs, slots=free)  # type: ignore[arg-type]
-    fits = controller.predict(**kwargs, queued_tokens=limit - units, slots=free)  # type: ignore[arg-type]
+    limit = controller.queue_limit(**kwargs)  # type: ignore[arg-type]
+    fits = controller.predict(**kwargs, queued_tokens=limit - units)  # type: ignore[arg-type]
     assert fits.ttft_s == pytest.approx(1.0, abs=1e-3)
