@@ -149,7 +149,9 @@ class PullLoop:
             self._wake.clear()  # what happens from here on wakes the turn's waits
             await self._start_what_fits()
             fetched = await self._fetch()
-            if not fetched and not self._wake.is_set():
+            if fetched:
+                await self._start_what_fits()  # before the commit's round trip
+            elif not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_WAIT_S):
                         await self._wake.wait()

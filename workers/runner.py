@@ -117,15 +117,21 @@ class JobRunner:
         try:
             # Its prompt leaves the queue now (admission counts queued prompt tokens per pool;
             # the job's share of slot time stays counted until it ends: `_finished`).
-            await self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team)
+            # The checks run concurrently: one round trip before the engine, not four. (A run
+            # of a finished job also counts a start, harmless: it never runs again.)
+            key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
+            _, finished, earlier, cancelled = await asyncio.gather(
+                self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team),
+                self._ledger.is_finished(job.request_id),
+                self._attempts.begin(key),
+                self._cancels.is_cancelled(job.request_id),
+            )
             forced = job.replay is not None and job.replay.force
-            if not forced and await self._ledger.is_finished(job.request_id):
+            if finished and not forced:
                 bound.info("job_skipped_finished")
                 return JobOutcome("duplicate", UsageCounts())
-            key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
-            earlier = await self._attempts.begin(key)
             delivered = earlier.delivered
-            if await self._cancels.is_cancelled(job.request_id):
+            if cancelled:
                 await self._finished(job, "cancelled", delivered, time.time())
                 return JobOutcome("cancelled", delivered)
             ended = await self._ended_before_running(job, earlier, origin)

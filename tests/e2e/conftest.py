@@ -33,6 +33,9 @@ FUZZ_KEY = "sk-e2e-fuzz"
 STRICT_MODEL = "tiny-llama-strict"
 """The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
 MAX_MODEL_LEN = 2048
+SIM_MODEL = "sim-llama-3-8b"
+"""A pool served by a SIMULATED GPU worker (placeholder text, tiny-llama's tokenizer)."""
+SIM_POOL = "sim"
 IDLE_MODEL = "tiny-llama-idle"
 """A model whose pool has no worker: its jobs wait in the queue (for expiry and cancel tests)."""
 S3_CREDENTIALS = {
@@ -114,7 +117,7 @@ def stack(
     logs = tmp_path_factory.mktemp("stack")
     probe_ports = {"worker": services.free_port(), "batch": services.free_port()}
     common = {"LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url}
-    asyncio.run(ensure_topics(kafka_bootstrap, ["idle"], partitions=2))
+    asyncio.run(ensure_topics(kafka_bootstrap, ["idle", SIM_POOL], partitions=2))
     worker_env = {
         **common,
         **engine_environment(kv_cache_gib=1.0),
@@ -151,6 +154,12 @@ def stack(
                     "ttft_slo_s": 0.001,
                 },
                 {
+                    "name": SIM_MODEL,
+                    "path": str(model_path),
+                    "pool": SIM_POOL,
+                    "max_model_len": MAX_MODEL_LEN,
+                },
+                {
                     "name": IDLE_MODEL,
                     "path": str(model_path),
                     "pool": "idle",
@@ -177,6 +186,17 @@ def stack(
     base_url = f"http://{services.LOCALHOST}:{port}"
     try:
         worker = processes.start("worker", "worker", worker_env)
+        sim_env = {
+            **common,
+            "LLMQ_ENGINE": "simulated",
+            "LLMQ_SIM_MODEL": "llama-3-8b",
+            "LLMQ_MODEL": SIM_MODEL,
+            "LLMQ_POOL": SIM_POOL,
+            "LLMQ_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "LLMQ_MAX_NUM_SEQS": "16",
+            "LLMQ_REPLICA_ID": "e2e-sim-0",
+        }
+        processes.start("sim-worker", "worker", sim_env)
         gateway = processes.start("gateway", "gateway", gateway_env)
         batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "e2e-batch"}
         processes.start(

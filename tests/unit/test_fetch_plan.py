@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from workers.fetch_plan import plan_fetch
+import asyncio
+
+from workers.fetch_plan import plan_fetch, wake_during
 from workers.headroom import FetchBudget
 
 PARTITIONS = {"interactive": ["i0", "i1", "i2"], "batch": ["b0", "b1"]}
@@ -62,3 +64,37 @@ def test_a_full_buffer_pauses_every_interactive_partition() -> None:
         partitions=PARTITIONS, waiting_in=set(), most_buffered=6,
     )  # fmt: skip
     assert full.pause == {"i0", "i1", "i2", "b0", "b1"} and full.max_records == 0
+
+
+async def test_a_slot_freeing_during_a_fetch_starts_work_at_once_and_keeps_the_fetch() -> None:
+    records: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    wake, stopping, acted = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    started: list[bool] = []
+
+    async def on_wake() -> None:
+        started.append(records.done())  # runs while the fetch is still waiting
+        acted.set()
+
+    fetching = asyncio.create_task(wake_during(records, wake, on_wake, stopping))
+    for _ in range(2):  # two slots free, one after the other
+        acted.clear()
+        wake.set()
+        await acted.wait()
+    assert not fetching.done()
+    records.set_result([7])
+    assert await fetching == [7]  # the fetch was awaited to its end, never cancelled
+    assert started == [False, False]
+
+
+def test_the_worker_builds_a_simulated_engine_when_told_to() -> None:
+    from workers.engine.simulated import SimulatedGpuEngine
+    from workers.main import build_engine
+    from workers.settings import WorkerSettings
+
+    settings = WorkerSettings(
+        engine="simulated", sim_model="llama-3-70b", sim_tensor_parallel=4, max_num_seqs=32
+    )
+    engine = build_engine(settings)
+    assert isinstance(engine, SimulatedGpuEngine)
+    assert engine.max_num_seqs == 32 and engine.profile.tensor_parallel == 4
+    assert engine.stats().prefill_tokens_per_s > 10_000  # 4 H100s at 40% of peak
