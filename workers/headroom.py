@@ -228,18 +228,14 @@ class HeadroomPolicy:
           every free slot, bursting past its share; a *heavy* one may hold no more than
           `heavy_cap` and leaves the reserve free. A flooding team therefore cannot fill the
           slots a steady sender's next requests need.
-        - Alone (no other team active here): all of them too. Keeping the reserve free for
-          a team that may never come costs a solo team 1 / ``max_num_seqs`` of the engine
-          (an eighth on an 8-slot CPU engine, measured by `llmq bench goodput`); a newcomer
-          then waits for one slot to free (mean job time / slots), once: from then on two
-          teams are active and the reserve is kept.
+        - Alone: all but the reserve.
         """
         free = self.free_slots(load)
         if team is None or team not in load.teams_in_flight:
             return free
-        if len(load.active_weights) < 2 or team not in load.active_weights:
-            return free
         reserve = self._reserve(load)
+        if len(load.active_weights) < 2 or team not in load.active_weights:
+            return max(free - reserve, 0)
         light = self.light_teams(load)
         if team in light:
             return free  # the reserve too: heavier teams already leave room for newcomers

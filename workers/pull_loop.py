@@ -149,7 +149,7 @@ class PullLoop:
             self._wake.clear()  # what happens from here on wakes the turn's waits
             await self._start_what_fits()
             fetched = await self._fetch()
-            if fetched:
+            if fetched and not self._stopping.is_set():
                 await self._start_what_fits()  # before the commit's round trip
             elif not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):

@@ -247,25 +247,12 @@ def test_batch_cap_limits_running_batch_jobs(
 
 
 def team_load(free: int, teams: set[str], max_num_seqs: int = 8) -> EngineLoad:
-    """`teams` hold jobs here; teams a and b have both been active lately, b flooding (it
-    always has work waiting), so b is held out of the reserve."""
     return EngineLoad(
         in_flight=max_num_seqs - free,
         max_num_seqs=max_num_seqs,
         kv_capacity_tokens=CAP,
         teams_in_flight=frozenset(teams),
-        team_held={team: 1 for team in teams},
-        active_weights={"a": 1.0, "b": 1.0},
-        team_waiting={"b": 1.0},
     )
-
-
-def test_a_team_alone_may_use_the_reserved_slot_too() -> None:
-    alone = EngineLoad(**{**team_load(1, {"b"}).__dict__, "active_weights": {"b": 1.0}})
-    assert POLICY.can_start(alone, 100, "interactive", "b")
-    assert not POLICY.can_start(team_load(1, {"b"}), 100, "interactive", "b")
-    two_slots = EngineLoad(**{**team_load(1, {"b"}, 2).__dict__, "active_weights": {"b": 1.0}})
-    assert POLICY.can_start(two_slots, 100, "interactive", "b")  # too few to keep one back
 
 
 @pytest.mark.parametrize(
@@ -275,6 +262,7 @@ def test_a_team_alone_may_use_the_reserved_slot_too() -> None:
         (1, "b", 8, False),  # the last slot is kept for a team that holds none
         (1, "a", 8, True),  # ... such as a
         (1, None, 8, True),  # no team given: no reserve
+        (1, "b", 2, True),  # too few slots to keep one back
         (0, "a", 8, False),  # no slot at all
     ],
 )
@@ -314,7 +302,7 @@ def shared_load(
 @pytest.mark.parametrize(
     ("held", "weights", "free", "team", "slots"),
     [
-        ({"b": 6}, {"b": 1.0}, 2, "b", 2),  # alone: the reserve too
+        ({"b": 6}, {"b": 1.0}, 2, "b", 1),  # alone: all but the reserve
         ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "b", 0),  # b holds its share (7/2 -> 4)
         ({"b": 4, "a": 1}, {"a": 1.0, "b": 1.0}, 3, "a", 3),  # a (light) may take them all
         ({"b": 2, "a": 1}, {"a": 1.0, "b": 3.0}, 5, "b", 5),  # weight 3 of 4: share 6, light
