@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field, PositiveFloat
 
 from llmq import services
+from llmq.bench.cpu import cpu_per_1k_tokens, cpu_snapshot, dev_stack_pids
 from llmq.bench.overhead import (
     PROMPTS,
     TARGETS,
@@ -91,6 +92,11 @@ class RateResult(BaseModel):
     prediction_error_p50: float | None = None
     prediction_error_p95: float | None = None
     """|predicted - actual| / actual of llmq's TTFT predictions (bucket upper bounds)."""
+    output_tokens: int = 0
+    """Tokens streamed to the successful requests."""
+    cpu_s_per_1k_tokens: dict[str, float] = Field(default_factory=dict)
+    """CPU seconds per 1,000 streamed tokens of each of the target's processes (llmq: the
+    local stack's gateway, worker, broker, Redis; direct: its server), where readable."""
 
 
 class GoodputReport(BaseModel):
@@ -140,6 +146,7 @@ def summarize_rate(
     ]
     return RateResult(
         target=target, rate=rate, offered=len(samples), wall_s=wall_s,
+        output_tokens=sum(s.output_tokens for s in ok),
         admitted=len(samples) - len(refused), refused=len(refused),
         failed=len(samples) - len(ok) - len(refused), good=len(good),
         goodput=len(good) / wall_s if wall_s > 0 else 0.0,
@@ -202,7 +209,9 @@ def _metrics_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
-async def _measure(settings: GoodputSettings, urls: dict[Target, str]) -> list[RateResult]:
+async def _measure(
+    settings: GoodputSettings, urls: dict[Target, str], pids: dict[Target, dict[str, int]]
+) -> list[RateResult]:
     clients = open_clients(urls, settings.api_key, settings.request_timeout_s)
     results: list[RateResult] = []
     try:
@@ -211,7 +220,11 @@ async def _measure(settings: GoodputSettings, urls: dict[Target, str]) -> list[R
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):
                 before = await _scrape(_metrics_url(urls[target])) if target == "llmq" else {}
+                cpu_before = cpu_snapshot(pids.get(target, {}))
                 result = await run_rate(clients[target], settings, target, rate)
+                result.cpu_s_per_1k_tokens = cpu_per_1k_tokens(
+                    cpu_before, cpu_snapshot(pids.get(target, {})), result.output_tokens
+                )
                 if target == "llmq":
                     after = await _scrape(_metrics_url(urls[target]))
                     result.prediction_error_p50 = quantile_from_buckets(before, after, 0.5)
@@ -263,13 +276,16 @@ def run_goodput(settings: GoodputSettings) -> GoodputReport:
     if settings.engine == "simulated":
         report.engine = simulated_engine_description()
     urls: dict[Target, str] = {}
+    pids: dict[Target, dict[str, int]] = {}
     if "llmq" in settings.targets:
         urls["llmq"] = settings.base_url
+        pids["llmq"] = {k: v for k, v in dev_stack_pids().items() if k not in ("moto", "batch")}
     server: services.ManagedProcess | None = None
     try:
         if "direct" in settings.targets:
             server, urls["direct"] = _start_direct(settings)
-        report.results = asyncio.run(_measure(settings, urls))
+            pids["direct"] = {"server": server.pid}
+        report.results = asyncio.run(_measure(settings, urls, pids))
     finally:
         if server is not None:
             services.stop(server, timeout=30)
@@ -303,6 +319,12 @@ def format_report(report: GoodputReport) -> str:
             f"{_ratio(r.prediction_error_p50):>13}{_ratio(r.prediction_error_p95):>6}"
         )
     lines.append("(prediction error: bucket upper bounds of |predicted - actual| / actual)")
+    lines.append("CPU seconds per 1,000 streamed tokens (the benchmark's own client excluded):")
+    for r in report.results:
+        if r.cpu_s_per_1k_tokens:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r.cpu_s_per_1k_tokens.items()))
+            total = sum(r.cpu_s_per_1k_tokens.values())
+            lines.append(f"{r.rate:>6g} {r.target:<7} total {total:.3f}: {parts}")
     return "\n".join(lines)
 
 
