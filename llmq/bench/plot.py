@@ -13,6 +13,7 @@ WIDTH, HEIGHT = 720, 440
 LEFT, RIGHT, TOP, BOTTOM = 70, 30, 50, 60
 COLOURS = {"llmq": (31, 119, 180), "direct": (255, 127, 14)}
 LABELS = {"llmq": "llmq", "direct": "vLLM server (direct)"}
+SIMULATED_DIRECT = "simulated server (direct, no queue)"
 
 
 def _ticks(top: float, count: int = 5) -> list[float]:
@@ -55,13 +56,15 @@ def write_goodput_plot(report: GoodputReport, path: Path) -> None:
     draw.text(
         (LEFT, 15),
         f"goodput (TTFT <= {s.ttft_slo_s:g} s, TPOT <= {s.tpot_slo_s * 1000:g} ms) vs offered "
-        f"rate, {s.model}",
+        f"rate, {s.model if s.engine == 'vllm' else report.engine.split(' (')[0]}",
         fill="black",
     )
     draw.text((LEFT + plot_w / 2 - 80, HEIGHT - 25), "offered rate (requests/s)", fill="black")
     for row, (target, colour) in enumerate(COLOURS.items()):
         y = TOP + 10 + row * 18
         draw.rectangle([LEFT + 10, y, LEFT + 24, y + 10], fill=colour)
-        draw.text((LEFT + 30, y - 1), LABELS[target], fill="black")
+        label = LABELS[target] if s.engine == "vllm" or target == "llmq" else SIMULATED_DIRECT
+        draw.text((LEFT + 30, y - 1), label, fill="black")
     draw.text((LEFT + 10, TOP + 46), "grey: goodput = offered", fill=(120, 120, 120))
+    path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, format="PNG")
