@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.messages import InferenceJob, ReplicaHeartbeat, UsageRecord
-from tests.e2e.conftest import IDLE_MODEL, STRICT_MODEL, Stack
+from tests.e2e.conftest import IDLE_MODEL, SIM_MODEL, STRICT_MODEL, Stack
 from tests.polling import eventually
 from tests.topic_reading import read_until
 from topics import catalog
@@ -26,7 +26,8 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 def test_models_are_listed(client: openai.OpenAI, stack: Stack) -> None:
-    assert [m.id for m in client.models.list().data] == [stack.model, STRICT_MODEL, IDLE_MODEL]
+    listed = [m.id for m in client.models.list().data]
+    assert listed == [stack.model, STRICT_MODEL, SIM_MODEL, IDLE_MODEL]
 
 
 def test_non_streaming_completion_has_consistent_usage(client: openai.OpenAI) -> None:
