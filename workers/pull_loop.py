@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +37,7 @@ from workers.fair_queue import FairQueue
 from workers.fetch_plan import plan_fetch, wake_during
 from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
+from workers.load_view import engine_load
 from workers.offsets import OffsetTracker
 from workers.runner import JobOrigin, JobRunner, RunFailed
 from workers.team_activity import TEAM_ACTIVE_S, TeamActivity
@@ -159,39 +159,13 @@ class PullLoop:
         await self._drain(drain_grace_s)
 
     def _engine_load(self) -> EngineLoad:
-        running = [f for rid, (_, f) in self._running.items() if rid not in self._engine_done]
-        held = Counter(f.job.team for f in running)
-        not_started = self._load.not_started()
-        reserved = sum(
-            self._policy.job_tokens(len(f.job.prompt_token_ids), f.job.sampling.max_tokens)
-            for f in running
-            if f.job.request_id in not_started
-        )
-        waiting = [item.job.team for item in self._buffer.items()]
-        if self._next is not None:
-            waiting.append(self._next.job.team)
-        teams = self._teams.behaviour(held, waiting)
-        return EngineLoad.from_stats(
-            self._engine.stats(),
-            in_flight=len(running),
-            max_num_seqs=self._engine.max_num_seqs,
-            kv_capacity_tokens=self._engine.kv_capacity_tokens,
-            reserved_tokens=reserved,
-            # Interactive partitions are fetched whenever a fetched job could start (a free
-            # slot, or a batch job to preempt), so waiting interactive work reaches this
-            # buffer promptly; high watermarks of paused partitions would be stale anyway.
-            interactive_backlog=self._buffer.count(PRIORITY["interactive"]),
-            # Every held batch job, started in the runner or not yet (a job's task reaches the
-            # engine only after a few Redis round trips): counting only running ones let one
-            # fetch start a burst of batch jobs past the cap.
-            batch_in_flight=sum(1 for f in running if f.job.tier == "batch"),
-            teams_in_flight=frozenset(held),
-            team_held=held,
-            active_weights=teams.weights,
-            team_usage=teams.usage,
-            team_buffered=Counter(waiting),
-            team_waiting=teams.waiting,
-        )
+        running = [f.job for rid, (_, f) in self._running.items() if rid not in self._engine_done]
+        held = [*(f.job for f in self._buffer.items()), *([self._next.job] if self._next else [])]
+        return engine_load(
+            self._engine, self._policy, self._load, self._teams,
+            running=running, waiting=held,
+            interactive_buffered=self._buffer.count(PRIORITY["interactive"]),
+        )  # fmt: skip
 
     async def _start_what_fits(self) -> None:
         while True:
