@@ -15,6 +15,7 @@ import time
 
 import aioboto3
 import structlog
+import uvloop
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
@@ -197,4 +198,4 @@ def run_batch_service(settings: BatchSettings) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(settings, stop)
 
-    asyncio.run(main())
+    uvloop.run(main())

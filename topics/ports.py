@@ -57,8 +57,11 @@ class ReplySubscription(Protocol):
     def __aiter__(self) -> AsyncIterator[ReplyEventT]: ...
 
     async def next_event(self) -> ReplyEventT:
-        """The next event (wrap in `asyncio.timeout` to bound the wait)."""
+        """The next event (bound the wait with `end_at`)."""
         ...
+
+    def end_at(self, deadline: float, event: ReplyEventT) -> None:
+        """Deliver `event` at `deadline` (Unix time) unless the request is closed first."""
 
 
 class ReplyRelay(Protocol):

@@ -11,24 +11,14 @@ from redis.asyncio import Redis
 
 from schemas.messages import TokenEvent, UsageCounts
 from topics.ports import AttemptRecord
-
-_PUBLISH_AND_RECORD = """
-local reached = redis.call('PUBLISH', ARGV[1], ARGV[2])
-if reached > 0 then
-  redis.call('HSET', KEYS[1], 'prompt', ARGV[3], 'cached', ARGV[4], 'completion', ARGV[5])
-end
-return reached
-"""
-"""Publish a token event; only if a gateway received it, record the usage as delivered.
-PUBLISH counts the subscribers that got the message (on one Redis; a Redis Cluster counts
-only its own node's, so llmq uses a single primary for the relay)."""
+from topics.redis_reply_batch import RedisReplyBatch
 
 
 class RedisJobAttempts:
     def __init__(self, redis: Redis, ttl_s: int = 86_400) -> None:
         self._redis = redis
         self._ttl_s = ttl_s
-        self._publish_and_record = redis.register_script(_PUBLISH_AND_RECORD)
+        self._batch = RedisReplyBatch(redis)
 
     async def begin(self, key: str) -> AttemptRecord:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -56,16 +46,8 @@ class RedisJobAttempts:
     async def publish_delivered(
         self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
     ) -> bool:
-        reached = await self._publish_and_record(
-            keys=[key],
-            args=[
-                channel,
-                event.to_bytes(),
-                usage.prompt_tokens,
-                usage.cached_tokens,
-                usage.completion_tokens,
-            ],
-        )
+        # With the events of the same engine step, in one round trip (`RedisReplyBatch`).
+        reached = await self._batch.send(channel, event.to_bytes(), (key, usage))
         return int(reached) > 0
 
     async def runs(self, key: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -17,9 +18,16 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from schemas.messages import CancelEvent, ErrorEvent, ReplicaHeartbeat, reply_event_adapter
+from schemas.messages import (
+    CancelEvent,
+    ErrorEvent,
+    ReplicaHeartbeat,
+    ReplyBatchEvent,
+    relay_message_adapter,
+)
 from topics import catalog
 from topics.ports import ReplyEventT
+from topics.redis_reply_batch import RedisReplyBatch
 
 log = structlog.get_logger()
 
@@ -31,6 +39,17 @@ class _RequestEvents:
         self.request_id = request_id
         self.queue: asyncio.Queue[ReplyEventT] = asyncio.Queue()
         self.interrupted = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def end_at(self, deadline: float, event: ReplyEventT) -> None:
+        """Queue `event` at `deadline` (Unix time) unless the request is closed first: one
+        timer per request, where a timeout around every wait cost a timer per token."""
+        delay = max(deadline - time.time(), 0.0)
+        self._deadline = asyncio.get_running_loop().call_later(delay, self.queue.put_nowait, event)
+
+    def closed(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     async def next_event(self) -> ReplyEventT:
         return await self.queue.get()
@@ -79,24 +98,30 @@ class RedisReplyRelay:
         return events
 
     def close(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        events = self._requests.pop(request_id, None)
+        if events is not None:
+            events.closed()
 
     @property
     def open_requests(self) -> int:
         return len(self._requests)
 
     def deliver(self, raw: bytes | str) -> bool:
-        """Route one raw message to its request's queue; False if nobody waits for it."""
+        """Route one raw message (an event, or a batch of them) to its requests' queues;
+        False if nobody waits for any of them."""
         try:
-            event = reply_event_adapter.validate_json(raw)
+            message = relay_message_adapter.validate_json(raw)
         except ValidationError:
             log.warning("reply_event_rejected", size=len(raw))
             return False
-        events = self._requests.get(event.request_id)
-        if events is None:
-            return False
-        events.queue.put_nowait(event)
-        return True
+        batch = message.events if isinstance(message, ReplyBatchEvent) else (message,)
+        delivered = False
+        for event in batch:
+            events = self._requests.get(event.request_id)
+            if events is not None:
+                events.queue.put_nowait(event)
+                delivered = True
+        return delivered
 
     async def _read_forever(self) -> None:
         """Deliver messages; when Redis goes away, end the streams it cut and resubscribe."""
@@ -133,13 +158,14 @@ class RedisReplyRelay:
 
 
 class RedisEventPublisher:
-    """Worker side of the relay: publish one event to the requesting gateway's channel."""
+    """Worker side of the relay: publish one event to the requesting gateway's channel (in
+    one round trip with the other events of the same engine step: `RedisReplyBatch`)."""
 
     def __init__(self, redis: Redis) -> None:
-        self._redis = redis
+        self._batch = RedisReplyBatch(redis)
 
     async def publish(self, channel: str, event: ReplyEventT) -> int:
-        return int(await self._redis.publish(channel, event.to_bytes()))
+        return await self._batch.send(channel, event.to_bytes())
 
 
 class RedisCancelBus:

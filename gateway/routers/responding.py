@@ -18,10 +18,14 @@ from schemas.messages import ErrorEvent
 T = TypeVar("T")
 
 
-async def sse(items: AsyncIterator[BaseModel | ErrorEvent]) -> AsyncIterator[str]:
-    """Each item as one `data:` event, then `data: [DONE]`; an `ErrorEvent` goes out in
-    OpenAI's error body (with the usage delivered so far) and ends the stream."""
+async def sse(items: AsyncIterator[BaseModel | str | ErrorEvent]) -> AsyncIterator[str]:
+    """Each item as one `data:` event (a `str` is JSON already rendered), then
+    `data: [DONE]`; an `ErrorEvent` goes out in OpenAI's error body (with the usage delivered
+    so far) and ends the stream."""
     async for item in items:
+        if isinstance(item, str):
+            yield f"data: {item}\n\n"
+            continue
         if isinstance(item, ErrorEvent):
             body = error_body(item.message, "server_error", code=item.code)
             body["usage"] = item.usage.model_dump()

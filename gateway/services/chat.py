@@ -9,6 +9,7 @@ import structlog
 
 from gateway.auth import Team
 from gateway.errors import ApiError
+from gateway.services.chunk_json import ContentChunkJson
 from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, served_tier
 from gateway.services.tool_calls import ToolCallAnswer
 from schemas.chat import (
@@ -59,15 +60,17 @@ class ChatService(JobRelay):
 
     async def stream_chunks(
         self, active: ActiveRequest, include_usage: bool, continuous_usage: bool = False
-    ) -> AsyncIterator[ChatCompletionChunk | ErrorEvent]:
+    ) -> AsyncIterator[ChatCompletionChunk | str | ErrorEvent]:
         """`chat.completion.chunk`s in OpenAI's order; an `ErrorEvent` ends a failed stream.
 
         Nothing is sent before the first generated token: the assistant's role travels with
         it, in the same chunk, as vLLM and OpenAI do. Benchmark clients time the first event
         as the first token; an early role chunk would make TTFT read as the queueing time.
         With `continuous_usage` (vLLM's `continuous_usage_stats`) every chunk also carries
-        the usage so far."""
+        the usage so far. The common chunk (choice 0's next text, nothing else) comes as its
+        JSON already rendered (`ContentChunkJson`)."""
         job = active.job
+        fast = ContentChunkJson(job.request_id, active.created, job.model, served_tier(job))
 
         def chunk(
             delta: ChoiceDelta,
@@ -118,6 +121,11 @@ class ChatService(JobRelay):
                         if delta is not None:
                             delta.role = role(event.index)
                             yield chunk(delta, index=event.index)
+                    elif (
+                        event.index == 0 and 0 in named and not (event.logprobs or continuous_usage)
+                    ):
+                        if event.text:
+                            yield fast.render(event.text)
                     elif event.text or event.logprobs:
                         yield chunk(
                             ChoiceDelta(role=role(event.index), content=event.text),

@@ -130,18 +130,17 @@ class JobRelay:
         """The job's events up to its terminal one; an abandoned request is cancelled."""
         job = active.job
         subscription = active.subscription
+        subscription.end_at(
+            job.deadline,
+            ErrorEvent(
+                request_id=job.request_id,
+                code="timeout",
+                message="The request did not finish before its deadline.",
+            ),
+        )
         try:
             while True:
-                remaining = job.deadline - time.time()
-                try:
-                    async with asyncio.timeout(max(remaining, 0.0)):
-                        event = await subscription.next_event()
-                except TimeoutError:
-                    event = ErrorEvent(
-                        request_id=job.request_id,
-                        code="timeout",
-                        message="The request did not finish before its deadline.",
-                    )
+                event = await subscription.next_event()
                 if isinstance(event, TokenEvent) and not self._same_run(active, event):
                     continue
                 self._observe(active, event)

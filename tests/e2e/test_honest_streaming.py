@@ -14,7 +14,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from schemas.messages import TokenEvent, reply_event_adapter
+from schemas.messages import ReplyBatchEvent, TokenEvent, relay_message_adapter
 from tests.e2e.conftest import API_KEY, Stack
 
 pytestmark = pytest.mark.e2e
@@ -35,9 +35,11 @@ async def _first_token_event(
         while True:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None:
-                event = reply_event_adapter.validate_json(message["data"])
-                if isinstance(event, TokenEvent) and event.num_tokens > 0:
-                    seen.append(event)
+                relayed = relay_message_adapter.validate_json(message["data"])
+                batch = relayed.events if isinstance(relayed, ReplyBatchEvent) else (relayed,)
+                for event in batch:
+                    if isinstance(event, TokenEvent) and event.num_tokens > 0:
+                        seen.append(event)
             if request_id.done():
                 for event in seen:
                     if event.request_id == request_id.result():

@@ -207,7 +207,12 @@ async def test_stream_chunks_in_openai_order_with_usage() -> None:
     service, _, cancels = await _service()
     active = await service.start(_req(), Team("t"))
     items = [c async for c in service.stream_chunks(active, include_usage=True)]
-    chunks = [c for c in items if isinstance(c, ChatCompletionChunk)]
+    # The common chunk comes as its JSON already rendered: it must read as the same chunk.
+    chunks = [
+        ChatCompletionChunk.model_validate_json(c) if isinstance(c, str) else c for c in items
+    ]
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    assert isinstance(items[1], str)  # "lo": choice 0's next text, nothing else
     assert len(chunks) == len(items) == 4
     # The role travels with the first token: no event before the first token exists.
     assert chunks[0].choices[0].delta.role == "assistant"

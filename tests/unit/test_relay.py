@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
-from schemas.messages import ErrorEvent, FinishEvent, TokenEvent, UsageCounts
+from schemas.messages import (
+    ErrorEvent,
+    FinishEvent,
+    ReplyBatchEvent,
+    TokenEvent,
+    UsageCounts,
+    relay_message_adapter,
+    reply_batch_bytes,
+)
 from topics.redis_relay import RedisReplyRelay
 
 
@@ -41,3 +50,45 @@ async def test_unknown_closed_and_malformed_events_are_dropped() -> None:
 
 def test_channel_is_named_after_the_gateway() -> None:
     assert _relay().channel == "llmq:reply:g1"
+
+
+async def test_a_batch_of_events_reaches_each_request_in_order() -> None:
+    relay = _relay()
+    a, b = relay.open("a"), relay.open("b")
+    raw = reply_batch_bytes(
+        [
+            TokenEvent(request_id="a", seq=0, text="x", num_tokens=1).to_bytes(),
+            TokenEvent(request_id="gone", seq=0, text="?", num_tokens=1).to_bytes(),
+            TokenEvent(request_id="b", seq=0, text="y", num_tokens=1).to_bytes(),
+            FinishEvent(request_id="a", finish_reason="stop", usage=UsageCounts()).to_bytes(),
+        ]
+    )
+    assert relay.deliver(raw)
+    assert [type(e).__name__ for e in (a.queue.get_nowait(), a.queue.get_nowait())] == [
+        "TokenEvent",
+        "FinishEvent",
+    ]
+    only_b = b.queue.get_nowait()
+    assert isinstance(only_b, TokenEvent) and only_b.text == "y" and b.queue.empty()
+    relay.close("a")
+    relay.close("b")
+    assert not relay.deliver(raw)  # nobody waits for any of them
+
+
+def test_batch_bytes_are_a_valid_batch_message_and_one_event_travels_bare() -> None:
+    events = [TokenEvent(request_id=f"r{i}", seq=i, text='é\n"', num_tokens=1) for i in range(3)]
+    parsed = relay_message_adapter.validate_json(reply_batch_bytes([e.to_bytes() for e in events]))
+    assert parsed == ReplyBatchEvent(events=tuple(events))
+    assert reply_batch_bytes([events[0].to_bytes()]) == events[0].to_bytes()
+
+
+async def test_the_deadline_event_arrives_unless_the_request_closes_first() -> None:
+    relay = _relay()
+    late, closed = relay.open("late"), relay.open("closed")
+    timeout = ErrorEvent(request_id="late", code="timeout", message="m")
+    late.end_at(time.time() + 0.05, timeout)
+    closed.end_at(time.time(), ErrorEvent(request_id="closed", code="timeout", message="m"))
+    relay.close("closed")
+    assert await asyncio.wait_for(late.next_event(), 5) == timeout
+    await asyncio.sleep(0)  # the cancelled timer would have fired by now
+    assert closed.queue.empty()
