@@ -268,6 +268,33 @@ ReplyEvent = Annotated[TokenEvent | FinishEvent | ErrorEvent, Field(discriminato
 reply_event_adapter: TypeAdapter[TokenEvent | FinishEvent | ErrorEvent] = TypeAdapter(ReplyEvent)
 
 
+class ReplyBatchEvent(Message):
+    """Events of several requests published together on one gateway's reply channel: what
+    one engine step produced for the requests of that gateway (one message, not one each)."""
+
+    type: Literal["batch"] = "batch"
+    events: tuple[ReplyEvent, ...]
+
+
+RelayMessage = Annotated[
+    TokenEvent | FinishEvent | ErrorEvent | ReplyBatchEvent, Field(discriminator="type")
+]
+"""What a gateway's reply channel carries: one event, or a batch of them."""
+relay_message_adapter: TypeAdapter[TokenEvent | FinishEvent | ErrorEvent | ReplyBatchEvent] = (
+    TypeAdapter(RelayMessage)
+)
+
+_BATCH_OPEN = b'{"schema_version":1,"type":"batch","events":['
+
+
+def reply_batch_bytes(events: list[bytes]) -> bytes:
+    """The message carrying these events (each one's JSON): one event as it is, several as a
+    `ReplyBatchEvent`, built around their JSON without decoding it again."""
+    if len(events) == 1:
+        return events[0]
+    return _BATCH_OPEN + b",".join(events) + b"]}"
+
+
 class BatchResultEvent(Message):
     """The outcome of one batch line, on the durable results topic (keyed by batch id).
 
@@ -362,7 +389,9 @@ class ReplicaHeartbeat(Message):
     prefill_tokens_per_s: float = 0.0
     """Measured prefill rate (moving average); 0 until the first job finished prefill."""
     max_num_seqs: int = 0
-    """Sequence slots of this replica's engine (0: not reported)."""
+    """Sequence slots this replica offers: its engine's max_num_seqs, or fewer while its TPOT
+    cap (`LLMQ_TPOT_SLO_S`) runs fewer sequences to keep decode steps within the SLO (0: not
+    reported)."""
     mean_job_s: float = 0.0
     """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
     engine: Literal["vllm", "simulated"] = "vllm"

@@ -3,7 +3,8 @@
 A worker fetches only what its engine can start, so that nothing waits on the worker that
 another worker could have run. Two resources bound what can start:
 
-- sequence slots: the jobs the worker holds (running or submitted) stay below ``max_num_seqs``;
+- sequence slots: the jobs the worker holds (running or submitted) stay below ``max_num_seqs``
+  (the engine's, or the lower cap that keeps decode steps within a TPOT SLO);
 - KV cache room: a job needs its prompt plus its expected output in free KV tokens. The engine
   reports its KV use as of its last step, so jobs submitted since then (``reserved_tokens``) are
   subtracted from the room as well.
@@ -36,6 +37,9 @@ class EngineLoad:
     in_flight: int
     """Jobs the worker holds: running in the engine or submitted to it."""
     max_num_seqs: int
+    """Sequence slots: the engine's ``max_num_seqs``, or fewer under the worker's TPOT cap
+    (`LoadTracker.seq_cap`). A lowered cap may leave ``in_flight`` above it: those jobs keep
+    running, and nothing starts (or is preempted to start) until they are under it again."""
     kv_cache_usage: float = 0.0
     """Fraction of the KV cache in use (0..1), from the engine's last step."""
     kv_capacity_tokens: int = 0
@@ -308,9 +312,12 @@ class HeadroomPolicy:
 
         The caller then aborts `choose_victim` of its running jobs, re-queues it, updates the
         load and asks again. ``job_tokens`` defaults to the smallest job (any room at all).
-        """
+        Never while more jobs run than ``max_num_seqs`` (a TPOT cap lowered under them):
+        running jobs are not aborted to meet the cap."""
         if tier != "interactive" or load.batch_in_flight <= 0:
             return False
+        if load.in_flight > load.max_num_seqs:
+            return False  # over a lowered TPOT cap: one abort frees no slot, none is made
         return not self.can_start(load, job_tokens, "interactive", team)
 
     def choose_victim(self, running: Sequence[RunningJob]) -> RunningJob | None:
@@ -321,15 +328,15 @@ class HeadroomPolicy:
         """How many records of each class to fetch now, so that what is fetched can start.
 
         Interactive: the free slots while there is interactive KV room, plus one per running
-        batch job: an interactive job fetched then starts by preempting one. (Whether any
-        interactive job waits cannot be known without fetching: a paused partition reports
-        no new high watermark.)
+        batch job (none over a lowered TPOT cap): an interactive job fetched then starts by
+        preempting one. (Whether any interactive job waits cannot be known without fetching:
+        a paused partition reports no new high watermark.)
         Batch: 0 while an interactive job waits or KV use is at the watermark, else the free
         slots. With ``typical_job_tokens`` > 0 (e.g. a running mean of `job_tokens`) and a
         known KV capacity, each class is also capped by how many typical jobs fit its room.
         """
         room = self._fits(load, "interactive", typical_job_tokens)
-        preempt = load.batch_in_flight
+        preempt = load.batch_in_flight if load.in_flight <= load.max_num_seqs else 0
         batch = (
             min(self._fits(load, "batch", typical_job_tokens), self._batch_room(load))
             if self._batch_open(load)

@@ -55,11 +55,20 @@ class Heartbeat:
             in_flight=self.load.in_flight if self.load else 0,
             outstanding_tokens=self.load.outstanding_tokens() if self.load else 0,
             prefill_tokens_per_s=self._prefill_rate(stats),
-            max_num_seqs=self.engine.max_num_seqs if self.engine is not None else 0,
+            max_num_seqs=self._slots(),
             mean_job_s=self.load.mean_job_s() if self.load else 0.0,
             engine=self._engine_kind,
             sent_at=time.time(),
         )
+
+    def _slots(self) -> int:
+        """The sequence slots this replica offers: the engine's ``max_num_seqs``, or fewer
+        under the TPOT cap (`LoadTracker.seq_cap`), so admission counts only slots that
+        jobs may really start in; 0 before the engine is there."""
+        if self.engine is None:
+            return 0
+        limit = self.engine.max_num_seqs
+        return self.load.seq_cap(limit) if self.load is not None else limit
 
     def _prefill_rate(self, stats: EngineStats | None) -> float:
         """The engine's own measure when it has one, else first-token timings of jobs."""

@@ -2,69 +2,178 @@
 
 The gateway routes on `outstanding_tokens` (bounded load) and admits on the pool's summed
 `prefill_tokens_per_s`; the pull loop picks preemption victims from `running_jobs()`.
+
+With a TPOT SLO, the tracker also times decode steps (`workers.step_time`) and `seq_cap`
+says how many sequences may run so that a step stays within it: the pull loop starts no job
+beyond that, and the heartbeat reports it as the replica's slots.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import structlog
 
 from schemas.messages import InferenceJob
 from workers.headroom import RunningJob
+from workers.step_time import StepTimeModel
+
+log = structlog.get_logger()
+
+SAMPLE_SPACING = 0.5
+"""A step is sampled by the first job whose token it brings: a gap ending sooner than this
+fraction of itself after the last sample belongs to a step already sampled."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Progress:
     job: InferenceJob
     started_at: float
+    prompt_tokens: int
     first_token_at: float | None = None
+    last_token_at: float = 0.0
     cached_tokens: int = 0
     produced: int = 0
 
 
 class LoadTracker:
-    """Per-job progress of the jobs this worker holds, and a prefill-rate estimate."""
+    """Per-job progress of the jobs this worker holds, a prefill-rate estimate and, with a
+    ``tpot_slo_s``, the decode step time model behind `seq_cap`.
 
-    def __init__(self, window: int = 64) -> None:
+    Step timing: the gap between two consecutive `produced` calls of one job (after its first
+    token; divided by the tokens of the later call) is one step's time, with ``n`` the jobs
+    producing and ``context`` their prompt + produced tokens. One sample per step (the first
+    job to report it); none from a gap in which a job was prefilling or got its first token
+    (that step also ran a prefill chunk), nor from jobs with ``n`` > 1 choices (one call per
+    choice and step). A job counts as one sequence, as it takes one slot.
+    """
+
+    def __init__(
+        self,
+        window: int = 64,
+        *,
+        tpot_slo_s: float | None = None,
+        step_times: StepTimeModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if tpot_slo_s is not None and tpot_slo_s <= 0:
+            raise ValueError("tpot_slo_s must be positive")
+        self._clock = clock
         self._jobs: dict[str, _Progress] = {}
         # (prefilled tokens, seconds to first token) of recent jobs: the rate is the ratio of
         # the sums, so long prompts (where the rate matters) weigh more than short ones.
         self._prefills: deque[tuple[int, float]] = deque(maxlen=window)
         self._durations: deque[float] = deque(maxlen=window)
         """Seconds recent finished jobs held a slot, start to finish."""
-        self._last_progress = time.monotonic()
+        self._last_progress = clock()
+        self.tpot_slo_s = tpot_slo_s
+        self.step_times: StepTimeModel | None = None
+        """Decode step times, learnt only with a TPOT SLO (else nothing is sampled)."""
+        if tpot_slo_s is not None:
+            self.step_times = step_times or StepTimeModel()
+        self._producing = 0
+        """Jobs past their first token."""
+        self._context = 0
+        """Their prompt + produced tokens."""
+        self._prefilling = 0
+        """Jobs started without a first token yet."""
+        self._last_first_token_at = -float("inf")
+        self._last_sample_at = -float("inf")
+        self._cap: int | None = None
+        """The last `seq_cap` answer (to log changes)."""
 
     def started(self, job: InferenceJob) -> None:
-        self._jobs[job.request_id] = _Progress(job=job, started_at=time.monotonic())
+        now = self._clock()
+        if job.request_id in self._jobs:  # started again without an end: forget that run
+            self._forget(self._jobs[job.request_id])
+        self._jobs[job.request_id] = _Progress(job, now, len(job.prompt_token_ids))
+        self._prefilling += 1
         if len(self._jobs) == 1:  # the engine was idle until now: silence starts counting
-            self._last_progress = time.monotonic()
+            self._last_progress = now
 
     def silent_for(self) -> float | None:
         """Seconds since the engine last produced output for any job held here (or since it
         became busy); None while no job is held (an idle engine is not silent)."""
         if not self._jobs:
             return None
-        return time.monotonic() - self._last_progress
+        return self._clock() - self._last_progress
 
     def produced(self, request_id: str, new_tokens: int, cached_tokens: int) -> None:
-        self._last_progress = time.monotonic()
+        """One engine step's output for a job (called per step of every running job)."""
+        now = self._last_progress = self._clock()
         progress = self._jobs.get(request_id)
         if progress is None:
             return
         if progress.first_token_at is None:
-            progress.first_token_at = time.monotonic()
+            progress.first_token_at = progress.last_token_at = now
             progress.cached_tokens = cached_tokens
-            prefilled = len(progress.job.prompt_token_ids) - cached_tokens
-            seconds = progress.first_token_at - progress.started_at
+            prefilled = progress.prompt_tokens - cached_tokens
+            seconds = now - progress.started_at
             if prefilled > 0 and seconds > 0:
                 self._prefills.append((prefilled, seconds))
+            self._prefilling -= 1
+            self._producing += 1
+            self._context += progress.prompt_tokens
+            self._last_first_token_at = now
+        elif new_tokens > 0:
+            gap = now - progress.last_token_at
+            progress.last_token_at = now
+            if (
+                self.step_times is not None
+                and self._prefilling == 0  # no prefill chunk in this step
+                and self._last_first_token_at <= now - gap  # nor a first token in the gap
+                and now - self._last_sample_at >= SAMPLE_SPACING * gap  # a step not sampled
+                and progress.job.sampling.n == 1
+            ):
+                self._last_sample_at = now
+                self.step_times.add(self._producing, self._context, gap / new_tokens)
         progress.produced += new_tokens
+        self._context += new_tokens
 
     def finished(self, request_id: str) -> None:
         progress = self._jobs.pop(request_id, None)
-        if progress is not None and progress.first_token_at is not None:
-            self._durations.append(time.monotonic() - progress.started_at)
+        if progress is None:
+            return
+        self._forget(progress)
+        if progress.first_token_at is not None:
+            self._durations.append(self._clock() - progress.started_at)
+
+    def _forget(self, progress: _Progress) -> None:
+        """Take a job out of the step-timing counts."""
+        if progress.first_token_at is None:
+            self._prefilling -= 1
+        else:
+            self._producing -= 1
+            self._context -= progress.prompt_tokens + progress.produced
+
+    def seq_cap(self, max_num_seqs: int) -> int:
+        """The most sequences that may run so that a decode step stays within the TPOT SLO
+        (`StepTimeModel.cap`, at the context per sequence of recent steps): ``max_num_seqs``
+        without an SLO or before the steps say anything, never above it, never below 1.
+        Logs ``seq_cap_changed`` when the answer changes."""
+        model = self.step_times
+        if model is None or self.tpot_slo_s is None:
+            return max_num_seqs
+        fit = model.current
+        if fit is None:
+            return max_num_seqs
+        cap = model.cap(self.tpot_slo_s, fit.context_per_seq, max_num_seqs)
+        previous = self._cap if self._cap is not None else max_num_seqs
+        self._cap = cap
+        if cap != previous:
+            log.info(
+                "seq_cap_changed",
+                old=previous,
+                new=cap,
+                step_s=round(fit.predict(cap, cap * fit.context_per_seq), 5),
+                slo=self.tpot_slo_s,
+                context_per_seq=round(fit.context_per_seq),
+                samples=fit.samples,
+            )
+        return cap
 
     def mean_job_s(self) -> float:
         """Mean slot-holding time of recent jobs that ran (0 until one finished)."""

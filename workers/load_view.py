@@ -37,7 +37,9 @@ def engine_load(
     return EngineLoad.from_stats(
         engine.stats(),
         in_flight=len(running),
-        max_num_seqs=engine.max_num_seqs,
+        # Fewer slots while the TPOT cap says more sequences would slow every step past the
+        # SLO; jobs already running over a lowered cap keep running (see preemption_needed).
+        max_num_seqs=tracker.seq_cap(engine.max_num_seqs),
         kv_capacity_tokens=engine.kv_capacity_tokens,
         reserved_tokens=reserved,
         # Interactive partitions are fetched whenever a fetched job could start (a free

@@ -41,6 +41,12 @@ class WorkerSettings(BaseSettings):
     """This replica's id in heartbeats and logs."""
     max_num_seqs: int = 16
     """Most sequences the engine runs at once; the pull loop never holds more jobs."""
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """The decode step time (seconds per output token) the worker keeps under by running
+    fewer sequences: it learns step time from batch size and context, and starts no job
+    beyond the largest batch predicted to stay within this (with a 10% margin; running jobs
+    are never preempted for it); its heartbeat reports that cap as its slots. None: no cap
+    beyond max_num_seqs."""
     max_model_len: int = 2048
     """Prompt plus output tokens per request."""
     kv_cache_gib: float = 1.0

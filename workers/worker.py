@@ -92,7 +92,7 @@ class Worker:
             await consumer.start()
             freeze_startup_heap()  # vLLM and torch: keep full GC passes off token streams
             cancels = RedisCancelBus(redis)
-            load = LoadTracker()
+            load = LoadTracker(tpot_slo_s=settings.tpot_slo_s)
             dead_letters = KafkaDeadLetterSink(producer)
             backlog = RedisBacklog(redis)
             teams = TeamActivity(TEAM_ACTIVE_S, usage_window_s=settings.team_usage_window_s)
@@ -142,6 +142,7 @@ class Worker:
                 model=settings.model,
                 engine=settings.engine,
                 max_num_seqs=self.engine.max_num_seqs,
+                tpot_slo_s=settings.tpot_slo_s,
             )
             health = EngineHealth(
                 self.engine,
