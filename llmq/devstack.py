@@ -260,8 +260,9 @@ def _all_heartbeating(settings: DevStackSettings) -> bool:
     client = redis.Redis(host=LOCALHOST, port=settings.redis_port, socket_timeout=2)
     try:
         ready = 0
-        for key in client.scan_iter(match=catalog.REPLICA_KEY_PATTERN):
-            raw = client.get(key)
+        replica_ids: list[bytes] = client.zrange(catalog.REPLICA_INDEX_KEY, 0, -1)  # type: ignore[assignment]
+        for replica_id in replica_ids:
+            raw = client.get(catalog.replica_key(replica_id.decode()))
             if raw and ReplicaHeartbeat.model_validate_json(raw).state == "ready":
                 ready += 1
         return ready >= settings.workers

@@ -28,7 +28,9 @@ DEAD_TOPIC = "llmq.dead"
 CANCEL_CHANNEL = "llmq:cancel"
 """Redis pub/sub channel on which gateways announce cancelled requests."""
 
-REPLICA_KEY_PATTERN = "llmq:replica:*"
+REPLICA_INDEX_KEY = "llmq:replicas"
+"""Redis sorted set of replica ids (score: when the latest heartbeat expires, ms): how the
+heartbeats are found without scanning the keyspace, which holds a key per recent job."""
 
 
 def job_topic(pool: str, priority: PriorityClass) -> str:

@@ -220,7 +220,9 @@ class KafkaBatchEvents:
         )
 
 
-def job_consumer(bootstrap: str, pool: str, client_id: str) -> AIOKafkaConsumer:
+def job_consumer(
+    bootstrap: str, pool: str, client_id: str, fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+) -> AIOKafkaConsumer:
     """A consumer in the pool's worker group; offsets are committed by hand, never auto."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -228,7 +230,7 @@ def job_consumer(bootstrap: str, pool: str, client_id: str) -> AIOKafkaConsumer:
         client_id=client_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        fetch_max_wait_ms=fetch_max_wait_ms,
         session_timeout_ms=4000,
         heartbeat_interval_ms=300,
         max_poll_interval_ms=300_000,

@@ -225,25 +225,41 @@ class RedisJobLedger:
 
 
 class RedisReplicaDirectory:
-    """Heartbeats as Redis keys with a TTL: a replica that stops beating disappears."""
+    """Heartbeats as Redis keys with a TTL (a replica that stops beating disappears), listed
+    in a sorted set (`catalog.REPLICA_INDEX_KEY`): finding them costs two round trips however
+    many keys Redis holds (a SCAN walked every job's keys, twice a second per gateway)."""
 
     def __init__(self, redis: Redis, ttl_ms: int = 3000) -> None:
         self._redis = redis
         self._ttl_ms = ttl_ms
 
     async def beat(self, heartbeat: ReplicaHeartbeat) -> None:
-        await self._redis.set(
-            catalog.replica_key(heartbeat.replica_id), heartbeat.to_bytes(), px=self._ttl_ms
-        )
+        expires_ms = int(time.time() * 1000) + self._ttl_ms
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(
+                catalog.replica_key(heartbeat.replica_id), heartbeat.to_bytes(), px=self._ttl_ms
+            )
+            pipe.zadd(catalog.REPLICA_INDEX_KEY, {heartbeat.replica_id: expires_ms})
+            await pipe.execute()
 
     async def remove(self, replica_id: str) -> None:
-        await self._redis.delete(catalog.replica_key(replica_id))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(catalog.replica_key(replica_id))
+            pipe.zrem(catalog.REPLICA_INDEX_KEY, replica_id)
+            await pipe.execute()
 
     async def replicas(self) -> list[ReplicaHeartbeat]:
-        keys = [key async for key in self._redis.scan_iter(match=catalog.REPLICA_KEY_PATTERN)]
-        if not keys:
+        # Ids whose heartbeat expired a minute ago are dropped from the index (a minute: the
+        # clocks of workers and gateways may differ; the keys' TTLs decide who is alive).
+        stale_ms = int(time.time() * 1000) - 60_000
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(catalog.REPLICA_INDEX_KEY, "-inf", stale_ms)
+            pipe.zrange(catalog.REPLICA_INDEX_KEY, 0, -1)
+            _, ids = await pipe.execute()
+        if not ids:
             return []
         found: list[ReplicaHeartbeat] = []
+        keys = [catalog.replica_key(i.decode() if isinstance(i, bytes) else i) for i in ids]
         for raw in await self._redis.mget(keys):
             if raw is None:
                 continue

@@ -70,6 +70,11 @@ class WorkerSettings(BaseSettings):
     """Interactive jobs held beyond what can start (one per partition at most), so the
     weighted fair queue can choose between teams when a slot frees. Uncommitted: a crash
     re-delivers them."""
+    fetch_max_wait_ms: int = Field(default=10, ge=1, le=5_000)
+    """How long a fetch of job records waits on the broker for records to arrive. Kafka (and
+    MSK) answer a waiting fetch as soon as records arrive, so set 500 there: an idle worker
+    then polls twice a second instead of a hundred times. The local broker (Tansu) answers
+    only when the wait expires, so it keeps 10 (the produce-to-start delay)."""
     heartbeat_interval_s: float = 0.5
     """How often the heartbeat is refreshed in Redis."""
     heartbeat_ttl_s: float = 3.0

@@ -83,7 +83,12 @@ class Worker:
         probes = self._probe_server(heartbeat)
         if probes is not None:
             await probes.start()
-        consumer = job_consumer(settings.kafka_bootstrap, settings.pool, settings.replica_id)
+        consumer = job_consumer(
+            settings.kafka_bootstrap,
+            settings.pool,
+            settings.replica_id,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        )
         loop: PullLoop | None = None
         try:
             await producer.start()
