@@ -189,3 +189,54 @@ def bench_simulate(
     typer.echo(
         format_simulation(run_simulation(SimulationSettings.model_validate_json(settings_json)))
     )
+
+
+@bench_app.command("relay")
+def bench_relay(
+    base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    api_key: Annotated[str, typer.Option(help="llmq API key.")] = "sk-llmq-dev",
+    model: Annotated[str, typer.Option(help="Model name on both targets.")] = (
+        "smollm2-135m-instruct"
+    ),
+    streams: Annotated[list[int], typer.Option(help="Concurrent streams per phase.")] = [8, 32, 64],  # noqa: B006
+    duration_s: Annotated[float, typer.Option(help="Seconds per phase.")] = 15.0,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per streamed request.")] = 256,
+    max_num_seqs: Annotated[
+        int, typer.Option(help="The direct server's slots (set it to the stack's).")
+    ] = 64,
+    max_model_len: Annotated[int, typer.Option(help="The direct server's max_model_len.")] = 2048,
+    idle_s: Annotated[float, typer.Option(help="Seconds of the idle CPU phase.")] = 5.0,
+    jobs_streams: Annotated[int, typer.Option(help="Streams of the jobs/s phase.")] = 64,
+    partitions: Annotated[
+        int | None, typer.Option(help="Partitions per topic (default: LLMQ_DEV_PARTITIONS, 8).")
+    ] = None,
+    target: Annotated[list[str], typer.Option(help="Targets: llmq, direct.")] = ["llmq", "direct"],  # noqa: B006
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """The platform's own ceiling on SIMULATED workers: relayed tokens/s per gateway core,
+    added inter-token delay, worker CPU outside its engine, jobs/s per partition."""
+    from pydantic import ValidationError
+
+    from llmq.bench.relay import RelayError, RelaySettings, format_report, run_relay
+    from llmq.logging import configure_logging
+    from llmq.services import ServiceStartError
+
+    configure_logging(json=False, level="WARNING")
+    fields = {
+        "base_url": base_url, "api_key": api_key, "model": model, "streams": streams,
+        "duration_s": duration_s, "max_tokens": max_tokens, "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len, "idle_s": idle_s, "jobs_streams": jobs_streams,
+        "targets": target,
+    }  # fmt: skip
+    if partitions is not None:
+        fields["partitions"] = partitions
+    try:
+        report = run_relay(RelaySettings.model_validate(fields))
+    except (RelayError, ServiceStartError, ValidationError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(format_report(report))
+    if json_path is not None:
+        json_path.write_text(report.model_dump_json(indent=2) + "\n")
