@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -195,6 +197,10 @@ async def run_load_async(
         else None
     )
     started = time.perf_counter()
+    # `kill -USR1 <pid>` prints where every pending task waits (a run that does not end).
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGUSR1, _print_pending_tasks)
     try:
         for at, sample, messages in plan:
             delay = started + at - time.perf_counter()
@@ -215,7 +221,8 @@ async def run_load_async(
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # bounded: a task that ignores its cancellation must not hang the run
+            await asyncio.wait(tasks, timeout=10)
         if sampler is not None:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
@@ -229,6 +236,11 @@ async def run_load_async(
         settings=s, wall_s=time.perf_counter() - started, groups=summarize(s, samples),
         engine_busy_share=busy, kv_use_mean=kv, heartbeat_samples=len(beats), samples=samples,
     )  # fmt: skip
+
+
+def _print_pending_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=sys.stderr)
 
 
 def run_load(settings: LoadSettings) -> LoadReport:
