@@ -83,7 +83,7 @@ class LoadTracker:
         self._last_first_token_at = -float("inf")
         self._last_sample_at = -float("inf")
         self._cap: int | None = None
-        """The last `seq_cap` answer (to log changes)."""
+        """The last `seq_cap` answer that was logged."""
 
     def started(self, job: InferenceJob) -> None:
         now = self._clock()
@@ -153,7 +153,8 @@ class LoadTracker:
         """The most sequences that may run so that a decode step stays within the TPOT SLO
         (`StepTimeModel.cap`, at the context per sequence of recent steps): ``max_num_seqs``
         without an SLO or before the steps say anything, never above it, never below 1.
-        Logs ``seq_cap_changed`` when the answer changes."""
+        Logs ``seq_cap_changed`` when the answer moves by a tenth or more from the last one
+        logged (a cap at its balance point moves by one sequence every refit)."""
         model = self.step_times
         if model is None or self.tpot_slo_s is None:
             return max_num_seqs
@@ -162,8 +163,8 @@ class LoadTracker:
             return max_num_seqs
         cap = model.cap(self.tpot_slo_s, fit.context_per_seq, max_num_seqs)
         previous = self._cap if self._cap is not None else max_num_seqs
-        self._cap = cap
-        if cap != previous:
+        if abs(cap - previous) >= max(1.0, previous / 10):
+            self._cap = cap
             log.info(
                 "seq_cap_changed",
                 old=previous,
