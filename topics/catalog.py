@@ -80,8 +80,15 @@ def backlog_key(pool: str, tier: PriorityClass) -> str:
 
 
 def team_backlogs_key(pool: str, tier: PriorityClass) -> str:
-    """Redis hash of queued prompt tokens per team (field) in one pool and class."""
+    """Redis hash of backlog units per team (field) in one pool and class: queued prompts
+    plus the slot shares of queued and running jobs (`InferenceJob.queue_units`)."""
     return f"llmq:backlog:{pool}:{tier}:teams"
+
+
+def team_waiting_key(pool: str, tier: PriorityClass) -> str:
+    """Redis hash of waiting prompt tokens per team (field) in one pool and class: admitted,
+    not started on any worker (no slot shares: a running job waits for nothing)."""
+    return f"llmq:backlog:{pool}:{tier}:waiting"
 
 
 def bucket_key(team: str) -> str:

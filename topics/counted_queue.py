@@ -22,11 +22,12 @@ class CountedJobQueue:
         """Count the job's backlog units, then produce it; a failed produce uncounts them."""
         tokens = job.backlog_units
         tier: PriorityClass = job.tier
-        await self._backlog.add(job.pool, tier, tokens, job.team)
+        waiting = len(job.prompt_token_ids)
+        await self._backlog.add(job.pool, tier, tokens, job.team, waiting)
         try:
             return await self._queue.submit(job, partition=partition)
         except BaseException:
-            await self._backlog.remove(job.pool, tier, tokens, job.team)
+            await self._backlog.remove(job.pool, tier, tokens, job.team, waiting)
             raise
 
     async def partitions(self, pool: str, tier: PriorityClass) -> int:

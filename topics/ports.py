@@ -175,8 +175,15 @@ class QueueBacklog(Protocol):
     """Prompt tokens queued per pool and priority class (and team), for admission."""
 
     async def add(
-        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
-    ) -> None: ...
+        self,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
+    ) -> None:
+        """Count `prompt_tokens` backlog units; `waiting_tokens` of them (default: all) are
+        a prompt waiting to start (`team_queued`)."""
 
     async def try_add(
         self,
@@ -185,6 +192,7 @@ class QueueBacklog(Protocol):
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> BacklogAdmission:
         """Queue the tokens atomically if what is served before them under fair queuing
         between teams (`BacklogAdmission.ahead`) plus themselves stays within `limit`; a team
@@ -192,13 +200,19 @@ class QueueBacklog(Protocol):
         ...
 
     async def remove(
-        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
-    ) -> None: ...
+        self,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
+    ) -> None:
+        """Uncount backlog units; `waiting_tokens` of them (default: all) stop waiting."""
 
     async def queued(self, pool: str, tier: PriorityClass) -> int: ...
 
     async def team_queued(self, pool: str, tier: PriorityClass) -> dict[str, int]:
-        """Queued tokens per team (teams with nothing queued are absent)."""
+        """Prompt tokens waiting to start per team (teams with none are absent)."""
         ...
 
 

@@ -13,30 +13,36 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from topics.catalog import PriorityClass, backlog_key, team_backlogs_key
+from topics.catalog import PriorityClass, backlog_key, team_backlogs_key, team_waiting_key
 from topics.ports import BacklogAdmission
 
 NO_TEAM = "-"
 """The team field of callers that name none."""
 
-# KEYS: the pool's counter, the pool's per-team hash. ARGV: tokens, ttl in ms, team.
-# Each is lowered and clamped at 0; a team at 0 leaves the hash.
+# KEYS: the pool's counter, the pool's per-team hash, the per-team waiting hash. ARGV:
+# tokens, ttl in ms, team, waiting tokens. Each is lowered and clamped at 0; a team at 0
+# leaves its hash.
 _REMOVE = """
 local n = tonumber(ARGV[1])
 local left = (tonumber(redis.call('GET', KEYS[1])) or 0) - n
 if left < 0 then left = 0 end
 redis.call('SET', KEYS[1], left, 'PX', ARGV[2])
-local mine = (tonumber(redis.call('HGET', KEYS[2], ARGV[3])) or 0) - n
-if mine > 0 then
-  redis.call('HSET', KEYS[2], ARGV[3], mine)
-else
-  redis.call('HDEL', KEYS[2], ARGV[3])
+local function lower(key, by)
+  local mine = (tonumber(redis.call('HGET', key, ARGV[3])) or 0) - by
+  if mine > 0 then
+    redis.call('HSET', key, ARGV[3], mine)
+  else
+    redis.call('HDEL', key, ARGV[3])
+  end
+  if redis.call('EXISTS', key) == 1 then redis.call('PEXPIRE', key, ARGV[2]) end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+lower(KEYS[2], n)
+if tonumber(ARGV[4]) > 0 then lower(KEYS[3], tonumber(ARGV[4])) end
 return 1
 """
 
-# KEYS: the pool's counter, the pool's per-team hash. ARGV: tokens, limit, ttl in ms, team.
+# KEYS: the pool's counter, the pool's per-team hash, the per-team waiting hash. ARGV:
+# tokens, limit, ttl in ms, team, waiting tokens.
 # Workers serve teams in weighted fair order, so what is served before this request is the
 # team's own queue plus, of each other team's, at most what this team will then have queued
 # (equal weights assumed here). The request is queued when that plus itself fits the limit; a
@@ -56,6 +62,8 @@ if mine > 0 and ahead + n > tonumber(ARGV[2]) then return {0, queued, mine, ahea
 redis.call('SET', KEYS[1], queued + n, 'PX', ARGV[3])
 redis.call('HINCRBY', KEYS[2], ARGV[4], n)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('HINCRBY', KEYS[3], ARGV[4], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return {1, queued, mine, ahead}
 """
 
@@ -71,19 +79,32 @@ class RedisBacklog:
 
     @staticmethod
     def _keys(pool: str, tier: PriorityClass) -> list[str]:
-        return [backlog_key(pool, tier), team_backlogs_key(pool, tier)]
+        return [
+            backlog_key(pool, tier),
+            team_backlogs_key(pool, tier),
+            team_waiting_key(pool, tier),
+        ]
 
     async def add(
-        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
+        self,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> None:
         if prompt_tokens <= 0:
             return
-        pool_key, teams_key = self._keys(pool, tier)
+        pool_key, teams_key, waiting_key = self._keys(pool, tier)
+        waiting = prompt_tokens if waiting_tokens is None else waiting_tokens
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.incrby(pool_key, prompt_tokens)
             pipe.pexpire(pool_key, self._idle_ttl_ms)
             pipe.hincrby(teams_key, team or NO_TEAM, prompt_tokens)
             pipe.pexpire(teams_key, self._idle_ttl_ms)
+            if waiting > 0:
+                pipe.hincrby(waiting_key, team or NO_TEAM, waiting)
+                pipe.pexpire(waiting_key, self._idle_ttl_ms)
             await pipe.execute()
 
     async def try_add(
@@ -93,23 +114,32 @@ class RedisBacklog:
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> BacklogAdmission:
         """Atomically queue the tokens if what is served before them fits the limit (or the
         team has nothing queued): concurrent admissions on any gateways never overshoot."""
+        waiting = prompt_tokens if waiting_tokens is None else waiting_tokens
         result = await self._try_add(
             keys=self._keys(pool, tier),
-            args=[prompt_tokens, limit, self._idle_ttl_ms, team or NO_TEAM],
+            args=[prompt_tokens, limit, self._idle_ttl_ms, team or NO_TEAM, waiting],
         )
         added, queued, team_queued, ahead = cast(list[Any], result)
         return BacklogAdmission(bool(added), int(queued), int(team_queued), int(ahead))
 
     async def remove(
-        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
+        self,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> None:
         if prompt_tokens <= 0:
             return
+        waiting = prompt_tokens if waiting_tokens is None else waiting_tokens
         await self._remove(
-            keys=self._keys(pool, tier), args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM]
+            keys=self._keys(pool, tier),
+            args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, waiting],
         )
 
     async def queued(self, pool: str, tier: PriorityClass) -> int:
@@ -117,6 +147,8 @@ class RedisBacklog:
         return max(int(raw), 0) if raw is not None else 0
 
     async def team_queued(self, pool: str, tier: PriorityClass) -> dict[str, int]:
-        """Queued tokens per team (teams with nothing queued are absent)."""
-        raw = await self._redis.hgetall(team_backlogs_key(pool, tier))
+        """Waiting prompt tokens per team: admitted, not started (teams with none are
+        absent). Running jobs' slot shares are not in it: a team whose jobs all run waits
+        for nothing (they once were, and a steady team always looked as if it queued)."""
+        raw = await self._redis.hgetall(team_waiting_key(pool, tier))
         return {k.decode(): int(v) for k, v in cast(dict[bytes, bytes], raw).items()}

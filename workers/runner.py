@@ -329,7 +329,9 @@ class JobRunner:
             log.warning("job_finished_twice", request_id=job.request_id, outcome=outcome)
             return
         if job.slot_units:  # its slot is free again (once: the first run to end frees it)
-            await self._backlog.remove(job.pool, job.tier, job.slot_units, job.team)
+            await self._backlog.remove(
+                job.pool, job.tier, job.slot_units, job.team, waiting_tokens=0
+            )
         await self._usage.record(
             UsageRecord(
                 request_id=job.request_id,

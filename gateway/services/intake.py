@@ -175,7 +175,9 @@ class JobIntake:
                 pool=pool,
                 slots=slots,
             )
-            outcome = await self._backlog.try_add(pool, tier, units, limit, team=team.name)
+            outcome = await self._backlog.try_add(
+                pool, tier, units, limit, team=team.name, waiting_tokens=len(prompt)
+            )
             if not outcome.added:
                 # The wait that matters is what fair queuing serves before this request: a
                 # flooding team is refused while other teams are still admitted.
@@ -211,14 +213,14 @@ class JobIntake:
                 slots=slots,
             )
         else:
-            await self._backlog.add(pool, tier, units, team.name)  # batch: never refused
+            await self._backlog.add(pool, tier, units, team.name, len(prompt))  # never refused
 
         policy = team.policy
         reservation = await self._quota.reserve_for(
             team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
         )
         if not reservation.allowed:
-            await self._backlog.remove(pool, tier, units, team.name)
+            await self._backlog.remove(pool, tier, units, team.name, len(prompt))
             if not reservation.satisfiable:
                 raise ApiError(
                     429,
@@ -316,7 +318,9 @@ class JobIntake:
         job = admitted.job
         policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
         await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
-        await self._backlog.remove(job.pool, job.tier, job.backlog_units, job.team)
+        await self._backlog.remove(
+            job.pool, job.tier, job.backlog_units, job.team, len(job.prompt_token_ids)
+        )
 
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
         """Queue the job: 503 if the broker refuses or does not acknowledge within

@@ -292,8 +292,17 @@ def run_batch_flood_scenario(settings: LoadSettings) -> Comparison:
 def run_team_flood_scenario(settings: LoadSettings) -> Comparison:
     """Team A's interactive stream alone, then with team B flooding (10x A's rate if unset)."""
     rate = settings.team_flood_rate or min(500.0, 10 * max(settings.interactive_rate, 1.0))
-    baseline = run_load(_with(settings, batch_flood=0, team_flood_rate=0.0))
-    variant = run_load(_with(settings, batch_flood=0, team_flood_rate=rate))
+    steady = _with(settings, batch_flood=0, team_flood_rate=0.0)
+    baseline = run_load(steady)
+    if settings.flood_process:
+        from llmq.bench.load_split import run_with_flood_process
+
+        flood = _with(
+            settings, batch_flood=0, interactive_rate=0.0, team_flood_rate=rate, redis_url=None
+        )
+        variant = run_with_flood_process(steady, flood)
+    else:
+        variant = run_load(_with(settings, batch_flood=0, team_flood_rate=rate))
     return compare("team flood", settings.team_a, baseline, variant)
 
 

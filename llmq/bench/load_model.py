@@ -52,6 +52,10 @@ class LoadSettings(BaseModel):
     drain_timeout_s: PositiveFloat = 600.0
     """After the last arrival, how long in-flight (and batch) requests may still run."""
     redis_url: str | None = None
+    flood_process: bool = True
+    """team-flood: send the flood from a process of its own, so the client work of its
+    requests does not delay the timing of the steady team's (its clients would run on other
+    machines); False: one event loop sends and times both."""
     sample_interval_s: PositiveFloat = 0.25
     seed: int = 0
 

@@ -107,3 +107,22 @@ async def test_admission_counts_what_fair_queuing_serves_first(redis_url: str) -
         assert await backlog.queued(pool, "interactive") == 1_200
     finally:
         await redis.aclose()
+
+
+async def test_a_running_jobs_slot_share_counts_in_the_backlog_but_not_as_waiting(
+    redis: Redis, pool: str
+) -> None:
+    """A job's units are its prompt (waiting until it starts) and its share of slot time
+    (until it ends): the team's queue, as the workers read it, holds only the prompt."""
+    backlog: QueueBacklog = RedisBacklog(redis)
+    admitted = await backlog.try_add(pool, "interactive", 1_500, 10_000, "a", waiting_tokens=500)
+    assert admitted.added
+    assert await backlog.team_queued(pool, "interactive") == {"a": 500}
+    await backlog.remove(pool, "interactive", 500, "a")  # started: its prompt leaves the queue
+    assert await backlog.team_queued(pool, "interactive") == {}
+    assert await backlog.queued(pool, "interactive") == 1_000  # its slot share, until it ends
+    again = await backlog.try_add(pool, "interactive", 1_500, 10_000, "a", waiting_tokens=500)
+    assert again.ahead == 1_000  # admission still sees the running job's slot share
+    await backlog.remove(pool, "interactive", 1_000, "a", waiting_tokens=0)  # the first ends
+    assert await backlog.team_queued(pool, "interactive") == {"a": 500}
+    assert await backlog.queued(pool, "interactive") == 1_500

@@ -82,7 +82,14 @@ class Backlog:
     def __init__(self) -> None:
         self.tokens: dict[tuple[str, str], int] = {}
 
-    async def add(self, pool: str, tier: str, prompt_tokens: int, team: str | None = None) -> None:
+    async def add(
+        self,
+        pool: str,
+        tier: str,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
+    ) -> None:
         self.tokens[(pool, tier)] = self.tokens.get((pool, tier), 0) + prompt_tokens
 
     async def try_add(
@@ -92,6 +99,7 @@ class Backlog:
         prompt_tokens: int,
         limit: int,
         team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> BacklogAdmission:
         queued = self.tokens.get((pool, tier), 0)
         if queued > 0 and queued + prompt_tokens > limit:
@@ -100,7 +108,12 @@ class Backlog:
         return BacklogAdmission(True, queued, ahead=queued)
 
     async def remove(
-        self, pool: str, tier: str, prompt_tokens: int, team: str | None = None
+        self,
+        pool: str,
+        tier: str,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> None:
         self.tokens[(pool, tier)] = max(self.tokens.get((pool, tier), 0) - prompt_tokens, 0)
 

@@ -14,11 +14,23 @@ class Backlog:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str, int, str | None]] = []
 
-    async def add(self, pool: str, tier: str, prompt_tokens: int, team: str | None = None) -> None:
+    async def add(
+        self,
+        pool: str,
+        tier: str,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
+    ) -> None:
         self.calls.append(("add", pool, tier, prompt_tokens, team))
 
     async def remove(
-        self, pool: str, tier: str, prompt_tokens: int, team: str | None = None
+        self,
+        pool: str,
+        tier: str,
+        prompt_tokens: int,
+        team: str | None = None,
+        waiting_tokens: int | None = None,
     ) -> None:
         self.calls.append(("remove", pool, tier, prompt_tokens, team))
 
