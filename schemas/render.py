@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from schemas.chat import AssistantMessage, ChatMessage, ToolCall, ToolMessage, content_text
 from schemas.deployment import Deployment
+from schemas.token_cache import PieceCachedEncoder
 
 
 class PromptTooLong(ValueError):
@@ -111,6 +112,7 @@ class ChatRenderer:
     ) -> None:
         self._tokenizers = tokenizers
         self._limits = limits or {}
+        self._encoders = {name: PieceCachedEncoder(t) for name, t in tokenizers.items()}
 
     @classmethod
     def load(cls, deployments: list[Deployment]) -> ChatRenderer:
@@ -162,7 +164,7 @@ class ChatRenderer:
         text = tokenizer.apply_chat_template(
             template_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True
         )
-        return list(tokenizer.encode(str(text), add_special_tokens=False))
+        return self._encoders[model].encode(str(text))  # a system prompt is tokenized once
 
     def check_text_fits(self, model: str, text: str) -> None:
         """Refuse (`PromptTooLong`) a completion prompt that cannot fit, untokenized."""
