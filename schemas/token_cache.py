@@ -25,6 +25,10 @@ VERIFY_FIRST = 32
 """Prompts tokenized both ways (pieces and whole) before the pieces are trusted."""
 MIN_CACHED_CHARS = 256
 """Pieces shorter than this are tokenized each time (cheap, and rarely repeated)."""
+MAX_CACHED_CHARS = 32_768
+"""Pieces longer than this are neither cached nor checked twice: a system prompt is far
+shorter, and a body at the context's limit (hostile or careless) must not cost twice the
+tokenizing, or stay in memory."""
 
 
 class PieceCachedEncoder:
@@ -63,7 +67,7 @@ class PieceCachedEncoder:
         if self._split is None:
             return self._encode_whole(text)
         ids = self._encode_pieces(self._split, text)
-        if self._to_verify > 0:
+        if self._to_verify > 0 and len(text) <= MAX_CACHED_CHARS:
             self._to_verify -= 1
             whole = self._encode_whole(text)
             if whole != ids:
@@ -79,7 +83,7 @@ class PieceCachedEncoder:
         for i, piece in enumerate(split.split(text)):
             if i % 2:  # an added token, matched whole
                 ids.append(self._added[piece])
-            elif len(piece) < MIN_CACHED_CHARS:
+            elif not MIN_CACHED_CHARS <= len(piece) <= MAX_CACHED_CHARS:
                 if piece:
                     ids.extend(self._encode_whole(piece))
             else:
