@@ -149,13 +149,29 @@ def direct_server_argv(settings: OverheadSettings, model_path: Path, port: int) 
     ]  # fmt: skip
 
 
+def direct_omp_cores() -> str:
+    """The cores the direct server's engine binds its OpenMP threads to: the upper half of
+    this process's cores. The stack's worker binds its engine to the first ones (vLLM's
+    "auto"); bound to the same core, the two engines time-shared it while the other idled,
+    and the worker's health probe went 30 s without a token (it exited unhealthy)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2:
+        return "auto"
+    upper = cores[len(cores) // 2 :]
+    return ",".join(str(core) for core in upper)
+
+
 def start_direct_server(
     settings: OverheadSettings, model_path: Path
 ) -> tuple[services.ManagedProcess, str]:
     """Start the direct vLLM server; return it with its base URL once /health answers 200."""
     port = services.free_port()
     log_path = paths.run_dir() / "bench" / f"vllm-direct-{port}.log"
-    env = {**os.environ, **engine_environment(settings.kv_cache_gib)}
+    env = {
+        **os.environ,
+        **engine_environment(settings.kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": direct_omp_cores(),
+    }
     proc = services.spawn(
         "vllm-direct", direct_server_argv(settings, model_path, port), log_path, port=port, env=env
     )
