@@ -26,6 +26,7 @@ from batch.validation import (
     parse_line,
     validate,
 )
+from control.served import ServedModels
 from schemas.batches import BatchError, BatchErrors, endpoint_of
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment
@@ -45,7 +46,7 @@ class BatchFanout:
         queue: JobQueue,
         backlog: QueueBacklog,
         renderer: ChatRenderer,
-        deployments: list[Deployment],
+        models: ServedModels,
         finalizer: BatchFinalizer,
         *,
         max_requests: int,
@@ -57,7 +58,7 @@ class BatchFanout:
         self._queue = queue
         self._backlog = backlog
         self._renderer = renderer
-        self._deployments = {d.name: d for d in deployments}
+        self._models = models
         self._finalizer = finalizer
         self._max_requests = max_requests
         self._chunk = chunk
@@ -80,7 +81,7 @@ class BatchFanout:
         try:
             lines = iter_lines(self._files.read(batch.input_file_id))
             report = await validate(
-                lines, self._deployments.keys(), self._max_requests, endpoint_of(batch)
+                lines, self._models.stable.keys(), self._max_requests, endpoint_of(batch)
             )
         except FileNotFoundError:
             report = None
@@ -95,7 +96,7 @@ class BatchFanout:
             log.info("batch_invalid", batch_id=batch.id, errors=len(errors))
             return None
         assert report.model is not None  # a valid report names its one model
-        deployment = self._deployments[report.model]
+        deployment = self._models.stable[report.model]
         await self._store.update(
             batch.id, total=report.requests, model=report.model, pool=deployment.pool
         )
@@ -112,7 +113,10 @@ class BatchFanout:
     async def _fan_out(self, current: StoredBatch) -> None:
         batch = current.batch
         assert batch.model is not None
-        deployment = self._deployments[batch.model]
+        deployment = self._models.find(batch.model)
+        if deployment is None:  # deleted from the registry since: its lines wait, then expire
+            log.warning("batch_model_gone", batch_id=batch.id, model=batch.model)
+            return
         cursor = current.cursor
         total = batch.request_counts.total
         started = time.monotonic()
@@ -203,6 +207,7 @@ class BatchFanout:
             team=current.team,
             model=deployment.name,
             pool=deployment.pool,
+            model_version=deployment.version,
             tier="batch",
             team_weight=self._quota.policy(current.team).weight if self._quota else 1.0,
             prompt_token_ids=tuple(prompt),
@@ -229,10 +234,10 @@ class BatchFanout:
                 (prompt,) = body.prompts
                 return await asyncio.to_thread(
                     self._renderer.completion_prompt,
-                    deployment.name, prompt, body.suffix, body.add_special_tokens,
+                    deployment.ref, prompt, body.suffix, body.add_special_tokens,
                 )  # fmt: skip
-            self._renderer.check_fits(deployment.name, body.messages)
-            return await asyncio.to_thread(self._renderer.tokenize, deployment.name, body.messages)
+            self._renderer.check_fits(deployment.ref, body.messages)
+            return await asyncio.to_thread(self._renderer.tokenize, deployment.ref, body.messages)
         except PromptTooLong as exc:
             raise LineError("context_length_exceeded", str(exc)) from exc
         except (NoFillInTheMiddle, BadTokenIds) as exc:

@@ -27,12 +27,16 @@ from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
 from batch.settings import BatchSettings
 from batch.state_port import BatchStore
+from control.registry import DeploymentRegistry
+from control.served import ServedModels
 from llmq.heap import freeze_startup_heap
 from llmq.probes import ProbeServer
+from schemas.deployment import Deployment
 from schemas.messages import BatchCreatedEvent
 from schemas.render import ChatRenderer
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
+from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_token_bucket import RedisTokenBucket
@@ -126,9 +130,22 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         from_start=True,
     )  # fmt: skip
     finalizer = BatchFinalizer(store, files, client_id, settings.finalize_lease_s)
+    renderer = ChatRenderer({})
+
+    async def prepare(deployment: Deployment) -> None:
+        if not renderer.has(deployment.ref):  # a ref's spec never changes
+            await asyncio.to_thread(renderer.add, deployment)
+
+    models = ServedModels([], prepare)
+    await ensure_registry_topic(settings.kafka_bootstrap)
+    registry_log = KafkaRegistryLog(
+        settings.kafka_bootstrap, producer, client_id, settings.registry_poll_ms
+    )
+    registry = DeploymentRegistry(registry_log)
+    registry.listen(models.apply)
     fanout = BatchFanout(
         store, files, KafkaJobQueue(producer), RedisBacklog(redis),
-        ChatRenderer.load(settings.deployments), settings.deployments, finalizer,
+        renderer, models, finalizer,
         max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
         quota=LineQuota(RedisTokenBucket(redis), settings.teams),
     )  # fmt: skip
@@ -136,6 +153,9 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     sweeper = BatchSweeper(store, finalizer, settings)
     await files.start()
     await producer.start()
+    await registry_log.start()
+    await registry.start()
+    await registry.seed(settings.deployments)
     await control.start()
     await results.start()
     tasks = [
@@ -167,6 +187,8 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         if probes is not None:
             await probes.stop()
         await collector.drain()
+        await registry.stop()
+        await registry_log.stop()
         await producer.stop()
         await files.stop()
         await redis.aclose()

@@ -25,8 +25,11 @@ class BatchSettings(BaseSettings):
     s3_bucket: str = "llmq"
     """Bucket holding every file."""
     deployments: list[Deployment] = Field(default_factory=list)
-    """The served models (same setting as the gateway's): batch lines are rendered with their
-    tokenizer and fanned into their pool's batch topic."""
+    """The served models (same setting as the gateway's), which seed an empty registry; the
+    registry (`llmq.registry`) then says which models batch lines may name, and their lines
+    are rendered with the stable version's tokenizer into its pool's batch topic."""
+    registry_poll_ms: int = 250
+    """How long one read of the registry log waits for new records (see the gateway's)."""
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
     """Teams' weights and token quotas (the gateway's ``LLMQ_TEAMS``): each batch line reserves
     prompt + max_tokens from its team's bucket before it is queued, waiting while the bucket

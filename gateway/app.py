@@ -12,16 +12,18 @@ from fastapi import FastAPI
 
 from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
+from control.registry import DeploymentRegistry
 from gateway.auth import ApiKeyAuthenticator, FailedAuthThrottle
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimitMiddleware, default_max_request_bytes
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import install_openapi
-from gateway.routers import batches, chat, completions, files, health, models
+from gateway.routers import batches, chat, completions, deployments, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.batches import BatchesService
 from gateway.services.chat import ChatService
 from gateway.services.completions import CompletionService
+from gateway.services.deployments import DeploymentsService
 from gateway.services.files import FilesService
 from gateway.services.intake import JobIntake
 from gateway.services.offload import ThreadOffload
@@ -33,9 +35,17 @@ from gateway.settings import GatewaySettings
 from llmq.heap import freeze_startup_heap
 from schemas.chat import ChatCompletion, ChatCompletionRequest
 from schemas.completions import Completion, CompletionRequest
+from schemas.deployment import Deployment
 from schemas.render import ChatRenderer
 from topics import catalog
-from topics.kafka import KafkaBatchEvents, KafkaJobQueue, KafkaProducer, KafkaUsageStream
+from topics.kafka import (
+    KafkaBatchEvents,
+    KafkaJobQueue,
+    KafkaProducer,
+    KafkaUsageStream,
+    ensure_topics,
+)
+from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
@@ -44,7 +54,7 @@ from topics.redis_token_bucket import RedisTokenBucket
 log = structlog.get_logger()
 
 
-def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) -> FastAPI:
+def create_app(settings: GatewaySettings) -> FastAPI:
     """Build the gateway; adapters connect in the lifespan, so building is cheap."""
 
     @asynccontextmanager
@@ -57,23 +67,44 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         relay_redis = connect_redis(settings.redis_url, retries=0)
         relay = RedisReplyRelay(relay_redis, settings.gateway_id)
         replicas = ReplicaView(RedisReplicaDirectory(redis), settings.replica_refresh_s)
-        registry = ModelRegistry(settings.deployments, replicas)
+        offload = ThreadOffload(settings.render_threads, name="llmq-render")
+        renderer = ChatRenderer({})
+
+        async def prepare(deployment: Deployment) -> None:
+            if not renderer.has(deployment.ref):  # a ref's spec never changes
+                await offload.run(renderer.add, deployment)
+
+        async def validate(deployment: Deployment) -> None:
+            await offload.run(ChatRenderer.load_tokenizer, deployment.path)
+            await ensure_topics(
+                settings.kafka_bootstrap, [deployment.pool], settings.job_topic_partitions
+            )
+
+        registry = ModelRegistry([], replicas, prepare)
+        registry_log = KafkaRegistryLog(
+            settings.kafka_bootstrap, producer, client_id, settings.registry_poll_ms
+        )
+        deployment_registry = DeploymentRegistry(registry_log)
+        deployment_registry.listen(registry.apply)
         quota = QuotaService(RedisTokenBucket(redis), settings.teams)
         usage = KafkaUsageStream(settings.kafka_bootstrap, catalog.QUOTA_GROUP, client_id)
         reconciler = UsageReconciler(usage, quota)
         file_store = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
         await producer.start()
+        await ensure_registry_topic(settings.kafka_bootstrap)
+        await registry_log.start()
+        await deployment_registry.start()
+        await deployment_registry.seed(settings.deployments)
         await relay.start()
         await replicas.start()
         await usage.start()
         reconciler.start()
         await file_store.start()
         metrics = GatewayMetrics()
-        offload = ThreadOffload(settings.render_threads, name="llmq-render")
         app.state.offload = offload
         intake = JobIntake(
             registry=registry,
-            renderer=renderer or ChatRenderer.load(settings.deployments),
+            renderer=renderer,
             queue=KafkaJobQueue(producer),
             backlog=RedisBacklog(redis),
             admission=AdmissionController(
@@ -107,6 +138,7 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         cancels = RedisCancelBus(redis)
         app.state.chat_service = ChatService(intake, relay, cancels, metrics)
         app.state.completion_service = CompletionService(intake, relay, cancels, metrics)
+        app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
             RedisBatchStore(redis),
@@ -125,6 +157,8 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
             await usage.stop()
             await replicas.stop()
             await relay.stop()
+            await deployment_registry.stop()
+            await registry_log.stop()
             await producer.stop()
             await redis.aclose()
             await relay_redis.aclose()
@@ -143,12 +177,14 @@ def create_app(settings: GatewaySettings, renderer: ChatRenderer | None = None) 
         settings.teams,
         throttle=FailedAuthThrottle(settings.auth_failures_allowed, settings.auth_failure_window_s),
     )
+    app.state.authenticator.allow_admins(settings.admin_keys, settings.admin_key_sha256)
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(deployments.router)
     app.include_router(health.router)
     install_openapi(app, [ChatCompletionRequest, ChatCompletion, CompletionRequest, Completion])
     return app

@@ -119,10 +119,51 @@ class ApiKeyAuthenticator:
             for digest in policy.key_sha256:
                 self._teams_by_hash[digest] = team(name)
         self._throttle = throttle
+        self._admin_hashes: set[str] = set()
+
+    def allow_admins(self, keys: list[str], hashes: list[str]) -> None:
+        """Accept these admin keys (plain, development) and key hashes on the admin API."""
+        self._admin_hashes = {hash_key(k) for k in keys} | {h.lower() for h in hashes}
+        clash = self._admin_hashes & self._teams_by_hash.keys()
+        if clash:
+            raise ValueError(f"{len(clash)} key(s) are both a team key and an admin key")
+
+    def admin_for(self, authorization: str | None, *, client: str | None = None) -> None:
+        """Pass an admin key; 403 `permission_denied` for a team key, 401 for anything else."""
+        self._check_throttle(client)
+        digest = self._digest(authorization, client)
+        if digest in self._admin_hashes:
+            return
+        if digest in self._teams_by_hash:
+            raise ApiError(
+                403,
+                "This endpoint needs an admin key; team keys cannot manage deployments.",
+                type_="permission_error",
+                code="permission_denied",
+            )
+        self._failed(client, "unknown_key")
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     def team_for(self, authorization: str | None, *, client: str | None = None) -> Team:
         """The team of the Bearer key in `authorization` (401 otherwise). `client` is the
         caller's address; without one (or without a throttle) nothing is throttled."""
+        self._check_throttle(client)
+        digest = self._digest(authorization, client)
+        team = self._teams_by_hash.get(digest)
+        if team is not None:
+            return team
+        if digest in self._admin_hashes:
+            raise ApiError(
+                403,
+                "This is an admin key: it manages deployments and cannot send requests; "
+                "use a team's key.",
+                type_="permission_error",
+                code="permission_denied",
+            )
+        self._failed(client, "unknown_key")
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def _check_throttle(self, client: str | None) -> None:
         if self._throttle is not None and client is not None:
             wait = self._throttle.retry_after(client)
             if wait is not None:
@@ -134,6 +175,9 @@ class ApiKeyAuthenticator:
                     code="too_many_failed_authentications",
                     headers={"Retry-After": str(wait)},
                 )
+
+    def _digest(self, authorization: str | None, client: str | None) -> str:
+        """The SHA-256 of the Bearer key in `authorization` (401 when there is none)."""
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             self._failed(client, "missing_key")
@@ -143,11 +187,7 @@ class ApiKeyAuthenticator:
                 "Authorization header.",
                 code="invalid_api_key",
             )
-        team = self._teams_by_hash.get(hash_key(key.strip()))
-        if team is None:
-            self._failed(client, "unknown_key")
-            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return team
+        return hash_key(key.strip())
 
     def _failed(self, client: str | None, reason: str) -> None:
         failures = None
@@ -162,3 +202,10 @@ def current_team(request: Request) -> Team:
     authenticator: ApiKeyAuthenticator = request.app.state.authenticator
     client = request.client.host if request.client else None
     return authenticator.team_for(request.headers.get("authorization"), client=client)
+
+
+def current_admin(request: Request) -> None:
+    """FastAPI dependency: the request carries an admin key (403 for a team key, else 401)."""
+    authenticator: ApiKeyAuthenticator = request.app.state.authenticator
+    client = request.client.host if request.client else None
+    authenticator.admin_for(request.headers.get("authorization"), client=client)

@@ -40,7 +40,21 @@ class GatewaySettings(BaseSettings):
     gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     """This process's id; names its reply channel. Unique per process."""
     deployments: list[Deployment] = []
-    """Served models (JSON list); the first is the default model checked by /readyz."""
+    """Served models (JSON list) that seed an empty registry: each becomes version "1" of its
+    name unless the registry (`llmq.registry`) already has that name, which then wins. The
+    first is the default model checked by /readyz."""
+    admin_keys: list[str] = []
+    """Bearer keys of operators (JSON list), for the admin API (`/v1/deployments`), for
+    development; held only as SHA-256. They are not team keys: they cannot send requests."""
+    admin_key_sha256: list[str] = []
+    """SHA-256 hashes of admin keys (production)."""
+    job_topic_partitions: int = 8
+    """Partitions of the job topics this gateway creates for a pool that a newly registered
+    deployment version names (existing topics are left as they are)."""
+    registry_poll_ms: int = 250
+    """How long one read of the registry log waits for new records. Kafka answers as soon as
+    a record arrives; the local broker answers when the wait ends (the delay until a change
+    made through another gateway is seen here)."""
     api_keys: dict[str, str] = {"sk-llmq-dev": "dev"}
     """Bearer API key -> team (JSON object), for development. Keys are kept only as SHA-256
     hashes in memory; production configures `teams` with key hashes instead."""

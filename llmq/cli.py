@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from llmq.bench.commands import bench_app
+from llmq.cli_options import DEFAULT_BASE_URL, BaseUrlOption
+from llmq.deployments_cli import deployments_app
 
 app = typer.Typer(help="llmq: a queue-centric, OpenAI-compatible LLM inference platform.")
 topics_app = typer.Typer(help="Kafka topics.")
@@ -20,10 +22,8 @@ app.add_typer(dev_app, name="dev")
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="bench")
 app.add_typer(batch_app, name="batch")
+app.add_typer(deployments_app, name="deployments")
 
-BaseUrlOption = Annotated[
-    str, typer.Option("--base-url", envvar="LLMQ_BASE_URL", help="llmq's OpenAI base URL.")
-]
 ApiKeyOption = Annotated[
     str,
     typer.Option("--api-key", envvar=["LLMQ_API_KEY", "OPENAI_API_KEY"], help="llmq API key."),
@@ -39,7 +39,7 @@ ErrorsOption = Annotated[
     Path | None,
     typer.Option("--errors", dir_okay=False, help="Download the error file (failed lines) here."),
 ]
-DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+
 DEFAULT_API_KEY = "sk-llmq-dev"
 
 

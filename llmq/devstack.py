@@ -140,6 +140,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "LLMQ_PORT": str(settings.port),
         "LLMQ_DEPLOYMENTS": json.dumps([deployment]),
         "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team, **settings.extra_api_keys}),
+        "LLMQ_ADMIN_KEYS": json.dumps([settings.admin_key]),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
         # moto accepts any credentials; real ones in the environment win.
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "llmq-dev"),
@@ -278,6 +279,7 @@ def _print_ready(settings: DevStackSettings) -> None:
     if settings.engine == "simulated":
         print("engine: SIMULATED GPU replicas (placeholder text at modelled GPU speed)")
     print(f"API key: {settings.api_key} (team {settings.team})")
+    print(f"admin key: {settings.admin_key} (llmq deployments list)")
     body = json.dumps(
         {"model": settings.model, "messages": [{"role": "user", "content": "Say hello"}]}
     )

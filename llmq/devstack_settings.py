@@ -55,6 +55,8 @@ class DevStackSettings(BaseSettings):
     interactive work; on GPUs leave the worker's default (no cap)."""
     workers: int = 1
     """Worker processes (engine replicas) in the pool; 2 shows partition routing at work."""
+    admin_key: str = "sk-llmq-admin"
+    """The gateway's admin key (the admin API: `llmq deployments ...`)."""
     api_key: str = "sk-llmq-dev"
     """The API key the local gateway accepts."""
     team: str = "dev"

@@ -25,6 +25,8 @@ class Deployment(BaseModel):
 
     name: str
     """The model name callers use (`model` in requests)."""
+    version: str = "1"
+    """Which version of the deployment this is (the registry's; `name@version` pins it)."""
     path: str
     """A folder with the model's tokenizer and chat template (the weights may live elsewhere)."""
     pool: str
@@ -52,6 +54,11 @@ class Deployment(BaseModel):
                     )
                 seen[team] = name
         return self
+
+    @property
+    def ref(self) -> str:
+        """`name@version`: what responses report as `system_fingerprint`."""
+        return f"{self.name}@{self.version}"
 
     def cache_salt(self, team: str, client_salt: str | None = None) -> str:
         """The prefix-cache salt of `team`'s requests: derived from the team (or its shared

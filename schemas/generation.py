@@ -227,6 +227,12 @@ class GenerationRequest(Strict):
         return "batch" if self.service_tier == "flex" else "interactive"
 
     @property
+    def sticky_key(self) -> str | None:
+        """What keeps a caller's requests on one arm of a canary split: its
+        `prompt_cache_key`, else its `user`, else nothing (each request drawn alone)."""
+        return self.prompt_cache_key or self.user
+
+    @property
     def choices(self) -> int:
         return self.n or 1
 

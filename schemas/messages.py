@@ -22,6 +22,10 @@ from schemas.generation import GenerationRequest
 
 SCHEMA_VERSION: Literal[1] = 1
 
+Arm = Literal["stable", "canary", "pinned"]
+"""How a request came to its deployment version: the traffic split's stable or canary share,
+or pinned by the caller (`name@version`)."""
+
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -164,6 +168,11 @@ class InferenceJob(Message):
     team: str
     model: str
     pool: str
+    model_version: str | None = None
+    """The deployment version the gateway chose for this job (None: jobs written before
+    versions existed); `system_fingerprint` reports it."""
+    arm: Arm | None = None
+    """How that version was chosen: the traffic split's stable or canary share, or pinned."""
     adapter: str | None = None
     tier: Tier = "interactive"
     team_weight: float = 1.0
@@ -354,6 +363,11 @@ class UsageRecord(Message):
     request_id: str
     team: str
     model: str
+    model_version: str | None = None
+    """The version that ran the request."""
+    arm: Arm | None = None
+    """Its arm of the traffic split (`stable`, `canary`, `pinned`), so a canary comparison
+    can be audited from usage afterwards."""
     tier: Tier
     prompt_tokens: int
     cached_tokens: int

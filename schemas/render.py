@@ -116,20 +116,36 @@ class ChatRenderer:
 
     @classmethod
     def load(cls, deployments: list[Deployment]) -> ChatRenderer:
+        renderer = cls({})
+        for deployment in deployments:
+            renderer.add(deployment)
+        return renderer
+
+    def has(self, ref: str) -> bool:
+        return ref in self._tokenizers
+
+    @staticmethod
+    def load_tokenizer(path: str) -> Tokenizer:
+        """The tokenizer in folder `path` (slow: call it off the event loop); raises if none."""
         # One prompt is tokenized on one thread: the caller's thread pool bounds how much CPU
         # tokenizing takes. Left on, Hugging Face tokenizers spreads one long prompt over every
         # core, so one hostile request slows every process on the machine.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         from transformers import AutoTokenizer
 
-        tokenizers: dict[str, Tokenizer] = {
-            d.name: AutoTokenizer.from_pretrained(d.path) for d in deployments
-        }
-        limits = {
-            d.name: RenderLimits(d.max_model_len, longest_token_chars(tokenizers[d.name]))
-            for d in deployments
-        }
-        return cls(tokenizers, limits)
+        return AutoTokenizer.from_pretrained(path)
+
+    def add(self, deployment: Deployment) -> None:
+        """Load the tokenizer of `deployment` (slow: call it off the event loop), under its
+        `ref` (`name@version`), which is how callers name it from then on. Raises when its
+        path holds no tokenizer."""
+        tokenizer = self.load_tokenizer(deployment.path)
+        limits = RenderLimits(deployment.max_model_len, longest_token_chars(tokenizer))
+        encoder = PieceCachedEncoder(tokenizer)
+        # Whole entries, each one assignment: a thread reading them sees old or new.
+        self._limits[deployment.ref] = limits
+        self._encoders[deployment.ref] = encoder
+        self._tokenizers[deployment.ref] = tokenizer
 
     def check_fits(self, model: str, messages: list[ChatMessage]) -> None:
         """Refuse (`PromptTooLong`) what cannot fit the context, in time linear in the number

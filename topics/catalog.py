@@ -25,6 +25,10 @@ BATCH_COLLECTOR_GROUP = "llmq.batch.collector"
 DEAD_TOPIC = "llmq.dead"
 """Jobs that cannot be processed, with the reason."""
 
+REGISTRY_TOPIC = "llmq.registry"
+"""Deployments, versions and traffic splits, keyed by deployment name; compacted (the latest
+record of a name is its whole state) and one partition (one order over every name)."""
+
 CANCEL_CHANNEL = "llmq:cancel"
 """Redis pub/sub channel on which gateways announce cancelled requests."""
 

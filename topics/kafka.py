@@ -75,7 +75,12 @@ class KafkaProducer:
         await self._producer.stop()
 
     async def send(
-        self, topic: str, value: bytes, *, key: bytes | None = None, partition: int | None = None
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
     ) -> JobReceipt:
         meta = await self._producer.send_and_wait(topic, value=value, key=key, partition=partition)
         return JobReceipt(topic=meta.topic, partition=meta.partition, offset=meta.offset)

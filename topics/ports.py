@@ -21,6 +21,7 @@ from schemas.messages import (
     UsageCounts,
     UsageRecord,
 )
+from schemas.registry import DeploymentRecord
 from topics.catalog import PriorityClass
 
 ReplyEventT = TokenEvent | FinishEvent | ErrorEvent
@@ -258,3 +259,28 @@ class ReplicaDirectory(Protocol):
 
 class UsageSink(Protocol):
     async def record(self, usage: UsageRecord) -> None: ...
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One record of the registry log: a deployment's state, or its deletion (None)."""
+
+    offset: int
+    name: str
+    record: DeploymentRecord | None
+
+
+class RegistryLog(Protocol):
+    """The registry topic: read from its start and followed live; written by admins."""
+
+    async def publish(self, name: str, record: DeploymentRecord | None) -> int:
+        """Append `record` (None: delete `name`); return its offset once the log has it."""
+        ...
+
+    async def end_offset(self) -> int:
+        """The offset the next record will take (what a reader has seen all of, once past)."""
+        ...
+
+    def entries(self) -> AsyncIterator[RegistryEntry]:
+        """Every entry from the log's start, then new ones as they arrive, until stopped."""
+        ...

@@ -337,6 +337,8 @@ class JobRunner:
                 request_id=job.request_id,
                 team=job.team,
                 model=job.model,
+                model_version=job.model_version,
+                arm=job.arm,
                 tier=job.tier,
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,

@@ -10,7 +10,7 @@ import structlog
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.services.chunk_json import ContentChunkJson
-from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, served_tier
+from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, fingerprint, served_tier
 from gateway.services.tool_calls import ToolCallAnswer
 from schemas.chat import (
     ChatCompletion,
@@ -70,7 +70,9 @@ class ChatService(JobRelay):
         the usage so far. The common chunk (choice 0's next text, nothing else) comes as its
         JSON already rendered (`ContentChunkJson`)."""
         job = active.job
-        fast = ContentChunkJson(job.request_id, active.created, job.model, served_tier(job))
+        fast = ContentChunkJson(
+            job.request_id, active.created, job.model, served_tier(job), fingerprint(job)
+        )
 
         def chunk(
             delta: ChoiceDelta,
@@ -94,6 +96,7 @@ class ChatService(JobRelay):
                 choices=choices,
                 usage=usage,
                 service_tier=served_tier(job),
+                system_fingerprint=fingerprint(job),
             )
 
         named: set[int] = set()  # choices whose first chunk carried the role
@@ -188,6 +191,7 @@ class ChatService(JobRelay):
                     choices=choices,
                     usage=completion_usage(event.usage),
                     service_tier=served_tier(active.job),
+                    system_fingerprint=fingerprint(active.job),
                 )
             else:
                 raise api_error_of(event)

@@ -18,7 +18,14 @@ _MARK = "@@llmq-content@@"
 class ContentChunkJson:
     """`chat.completion.chunk` JSON for a content delta of choice 0 (no role, no logprobs)."""
 
-    def __init__(self, request_id: str, created: int, model: str, service_tier: ServiceTier):
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        service_tier: ServiceTier,
+        system_fingerprint: str | None = None,
+    ):
         template = ChatCompletionChunk(
             id=request_id,
             created=created,
@@ -26,6 +33,7 @@ class ContentChunkJson:
             choices=[ChunkChoice(index=0, delta=ChoiceDelta(content=_MARK))],
             usage=None,
             service_tier=service_tier,
+            system_fingerprint=system_fingerprint,
         ).model_dump_json()
         self._head, self._tail = template.split(json.dumps(_MARK), 1)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.services.chat import completion_usage
-from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, served_tier
+from gateway.services.jobs import ActiveRequest, JobRelay, api_error_of, fingerprint, served_tier
 from schemas.chat import ChatCompletionTokenLogprob, FinishReason
 from schemas.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from schemas.messages import ErrorEvent, FinishEvent, TokenEvent, UsageCounts
@@ -248,6 +248,7 @@ class CompletionService(JobRelay):
             choices=choices,
             usage=completion_usage(usage) if usage is not None else None,
             service_tier=served_tier(first),
+            system_fingerprint=fingerprint(first),
         )
 
 

@@ -34,7 +34,7 @@ from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment
 from schemas.generation import GenerationRequest
-from schemas.messages import CallerTags, InferenceJob, sampling_settings
+from schemas.messages import Arm, CallerTags, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from schemas.tools import ToolPlan
 from topics import catalog
@@ -98,7 +98,7 @@ class JobIntake:
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
-        deployment = self._registry.resolve(request.model)
+        deployment, arm = self._registry.route(request.model, request.sticky_key)
         tools = request.tool_plan
         if tools is not None and tools.mode == "auto":
             if deployment.tool_call_parser is None:
@@ -110,8 +110,10 @@ class JobIntake:
                     param="tool_choice",
                 )
             tools = dataclasses.replace(tools, parser=deployment.tool_call_parser)
-        prompt = await self._render(deployment.name, request)
-        admitted = await self.admit_prompt(deployment, request, prompt, team, reply_to, "chatcmpl")
+        prompt = await self._render(deployment.ref, request)
+        admitted = await self.admit_prompt(
+            deployment, request, prompt, team, reply_to, "chatcmpl", arm
+        )
         return dataclasses.replace(admitted, tools=tools)
 
     async def admit_completion(
@@ -119,13 +121,15 @@ class JobIntake:
     ) -> list[AdmittedJob]:
         """A completions request, one job per prompt, all admitted or none: a refusal
         releases what the prompts admitted before it."""
-        deployment = self._registry.resolve(request.model)
-        prompts = [await self._encode(deployment.name, request, p) for p in request.prompts]
+        deployment, arm = self._registry.route(request.model, request.sticky_key)
+        prompts = [await self._encode(deployment.ref, request, p) for p in request.prompts]
         admitted: list[AdmittedJob] = []
         try:
             for prompt in prompts:
                 admitted.append(
-                    await self.admit_prompt(deployment, request, prompt, team, reply_to, "cmpl")
+                    await self.admit_prompt(
+                        deployment, request, prompt, team, reply_to, "cmpl", arm
+                    )
                 )
         except ApiError:
             for job in admitted:
@@ -141,6 +145,7 @@ class JobIntake:
         team: Team,
         reply_to: str,
         id_prefix: str,
+        arm: Arm | None = None,
     ) -> AdmittedJob:
         """One prompt's job up to producing: context, readiness, load shedding, quota and
         routing; refusals are raised as `ApiError`s."""
@@ -243,6 +248,8 @@ class JobIntake:
             team=team.name,
             model=deployment.name,
             pool=deployment.pool,
+            model_version=deployment.version,
+            arm=arm,
             tier=tier,
             team_weight=policy.weight,
             prompt_token_ids=tuple(prompt),
@@ -311,7 +318,8 @@ class JobIntake:
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""
-        return self._renderer.decode(job.model, list(job.prompt_token_ids))
+        ref = f"{job.model}@{job.model_version or '1'}"
+        return self._renderer.decode(ref, list(job.prompt_token_ids))
 
     async def release(self, admitted: AdmittedJob) -> None:
         """Give back what admitting a job took (its quota reservation and backlog entry)."""

@@ -32,6 +32,12 @@ def served_tier(job: InferenceJob) -> ServiceTier:
     return "flex" if job.tier == "batch" else "default"
 
 
+def fingerprint(job: InferenceJob) -> str | None:
+    """`system_fingerprint` of a job's responses: `name@version` of the deployment that ran
+    it (which the OpenAI SDK exposes), so callers can tell versions apart."""
+    return f"{job.model}@{job.model_version}" if job.model_version else None
+
+
 def api_error_of(event: ErrorEvent) -> ApiError:
     """The HTTP answer to a job that failed: 400 when the engine refused the request itself,
     504 when it ran out of time, 500 otherwise."""

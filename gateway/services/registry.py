@@ -8,9 +8,10 @@ import time
 
 import structlog
 
+from control.served import Prepare, ServedModels
 from gateway.errors import ApiError, model_not_found
 from gateway.settings import Deployment
-from schemas.messages import ReplicaHeartbeat
+from schemas.messages import Arm, ReplicaHeartbeat
 from topics.ports import ReplicaDirectory
 
 log = structlog.get_logger()
@@ -57,25 +58,45 @@ class ReplicaView:
 
 
 class ModelRegistry:
-    """The served models, and whether each has a ready replica."""
+    """The served models (`ServedModels`, kept in step with the registry log by `apply`), as
+    the API answers for them, and whether each has a ready replica."""
 
-    def __init__(self, deployments: list[Deployment], replicas: ReplicaView) -> None:
-        self._deployments = {d.name: d for d in deployments}
+    def __init__(
+        self,
+        deployments: list[Deployment],
+        replicas: ReplicaView,
+        prepare: Prepare | None = None,
+    ) -> None:
+        self.served = ServedModels(deployments, prepare)
+        self.apply = self.served.apply
         self.replicas = replicas
 
     @property
     def deployments(self) -> list[Deployment]:
-        return list(self._deployments.values())
+        """The stable version of every deployment."""
+        return list(self.served.stable.values())
 
     @property
     def default(self) -> Deployment | None:
-        return next(iter(self._deployments.values()), None)
+        return next(iter(self.served.stable.values()), None)
+
+    def versions(self, name: str) -> dict[str, Deployment]:
+        return self.served.versions(name)
 
     def resolve(self, model: str) -> Deployment:
-        deployment = self._deployments.get(model)
+        """The deployment `model` names (`name` or `name@version`); 404 when none."""
+        deployment = self.served.find(model)
         if deployment is None:
             raise model_not_found(model)
         return deployment
+
+    def route(self, model: str, sticky: str | None = None) -> tuple[Deployment, Arm]:
+        """The version a request for `model` runs on and its arm (`ServedModels.route`);
+        404 when nothing is served under `model`."""
+        routed = self.served.route(model, sticky)
+        if routed is None:
+            raise model_not_found(model)
+        return routed
 
     def require_ready(self, deployment: Deployment) -> None:
         """503 when no ready replica of the deployment's pool is heartbeating."""

@@ -29,6 +29,7 @@ TEAM_KEYS = {"team-a": "sk-e2e-team-a", "team-b": "sk-e2e-team-b",
 """Teams for isolation tests: a and b have caches of their own, c and d share one on MODEL."""
 SHARED_CACHE_TEAMS = {"company": ["team-c", "team-d"]}
 FUZZ_KEY = "sk-e2e-fuzz"
+ADMIN_KEY = "sk-e2e-admin"
 """The schema fuzzer's team: whatever it spends or queues is not another test's."""
 STRICT_MODEL = "tiny-llama-strict"
 """The same pool as MODEL, with a TTFT SLO no queue can meet: any backlog sheds requests."""
@@ -167,6 +168,7 @@ def stack(
                 },
             ]
         ),
+        "LLMQ_ADMIN_KEYS": json.dumps([ADMIN_KEY]),
         "LLMQ_S3_ENDPOINT_URL": s3_endpoint,
         "LLMQ_S3_BUCKET": "llmq-e2e",
         **S3_CREDENTIALS,

@@ -26,6 +26,7 @@ from batch.quota import LineQuota
 from batch.redis_store import RedisBatchStore
 from batch.results import line_id
 from batch.s3_files import S3FileStore
+from control.served import ServedModels
 from schemas.batches import Batch
 from schemas.deployment import Deployment
 from schemas.messages import BatchLineRef, BatchResultEvent, InferenceJob, UsageCounts
@@ -240,11 +241,11 @@ async def test_fanout_validates_then_resumes_after_a_crash_without_skipping_a_li
     store = RedisBatchStore(redis)
     batch = await new_batch(store, files, "team-a", 10)
     deployment = Deployment(name="m", path="unused", pool=pool, max_model_len=512)
-    renderer = ChatRenderer({"m": CharTokenizer()})
+    renderer = ChatRenderer({"m@1": CharTokenizer()})
     finalizer = BatchFinalizer(store, files, "test", lease_s=30)
     queue = FlakyQueue(producer, fail_at=line_id(batch.id, 7))
     fanout = BatchFanout(
-        store, files, queue, RedisBacklog(redis), renderer, [deployment], finalizer,
+        store, files, queue, RedisBacklog(redis), renderer, ServedModels([deployment]), finalizer,
         max_requests=100, chunk=3,
     )  # fmt: skip
     with pytest.raises(ConnectionError):
@@ -287,7 +288,7 @@ async def test_invalid_file_fails_the_batch_with_line_numbers(
     deployment = Deployment(name="m", path="unused", pool=pool)
     fanout = BatchFanout(
         store, files, KafkaJobQueue(producer), RedisBacklog(redis),
-        ChatRenderer({"m": CharTokenizer()}), [deployment],
+        ChatRenderer({"m@1": CharTokenizer()}), ServedModels([deployment]),
         BatchFinalizer(store, files, "test", 30), max_requests=100, chunk=3,
     )  # fmt: skip
     await fanout.handle(batch.id)
@@ -323,7 +324,7 @@ async def test_fanout_reserves_each_lines_quota_and_waits_for_the_bucket(
     quota = LineQuota(RedisTokenBucket(redis, clock_ms=lambda: now_ms[0]), {team: policy}, wait)
     fanout = BatchFanout(
         store, files, KafkaJobQueue(producer), RedisBacklog(redis),
-        ChatRenderer({"m": CharTokenizer()}), [deployment],
+        ChatRenderer({"m@1": CharTokenizer()}), ServedModels([deployment]),
         BatchFinalizer(store, files, "test", lease_s=30), max_requests=100, chunk=4, quota=quota,
     )  # fmt: skip
     await fanout.handle(batch.id)

@@ -24,7 +24,9 @@ from topics.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 
-MODEL, POOL, KEY = "tiny-llama", "hostile", "sk-hostile-test"
+BUILD, POOL, KEY = "tiny-llama", "hostile", "sk-hostile-test"
+MODEL = "hostile-llama"
+"""The deployment's name: its own, since the registry outlives this module's gateway."""
 MAX_MODEL_LEN = 2048
 STEP_S, TOKENS = 0.01, 300
 """The worker's clockwork: a 3 s stream, one token every 10 ms."""
@@ -36,7 +38,7 @@ ROUNDS = 3
 def gateway_url(
     kafka_bootstrap: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    model_path = ensure_model(MODEL)  # its tokenizer and chat template; no weights are run
+    model_path = ensure_model(BUILD)  # its tokenizer and chat template; no weights are run
     asyncio.run(ensure_topics(kafka_bootstrap, [POOL], partitions=2))
     logs = tmp_path_factory.mktemp("hostile")
     common = {"LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url}
@@ -83,7 +85,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def hostile() -> list[tuple[bytes, int]]:
-    return hostile_bodies(MODEL, ensure_model(MODEL), MAX_MODEL_LEN)
+    return hostile_bodies(MODEL, ensure_model(BUILD), MAX_MODEL_LEN)
 
 
 def _token_times(url: str, first_token: threading.Event) -> list[float]:

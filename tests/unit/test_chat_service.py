@@ -165,7 +165,7 @@ async def _service(
     cancels = Cancels()
     intake = JobIntake(
         registry,
-        ChatRenderer({"m": CharTokenizer()}),
+        ChatRenderer({"m@1": CharTokenizer()}),
         queue,
         backlog or Backlog(),
         AdmissionController(),

@@ -1,0 +1,68 @@
+"""The admin API for deployments: `PUT /v1/deployments/{name}` (register a version),
+`GET /v1/deployments`, `GET /v1/deployments/{name}`, and the actions `POST
+/v1/deployments/{name}:canary`, `:promote`, `:rollback` (Google's custom-method style: names
+may hold `/` but never `:`). Admin keys only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from gateway.auth import current_admin
+from gateway.errors import ApiError
+from gateway.services.deployments import DeploymentsService
+from schemas.deployments_api import CanaryRequest, DeploymentList, DeploymentObject
+from schemas.registry import DeploymentSpec
+
+router = APIRouter(dependencies=[Depends(current_admin)], tags=["admin"])
+
+
+def _service(request: Request) -> DeploymentsService:
+    service: DeploymentsService = request.app.state.deployments_service
+    return service
+
+
+Service = Annotated[DeploymentsService, Depends(_service)]
+
+
+@router.get("/v1/deployments")
+async def list_deployments(service: Service) -> DeploymentList:
+    return service.list()
+
+
+@router.get("/v1/deployments/{name:path}")
+async def retrieve_deployment(name: str, service: Service) -> DeploymentObject:
+    return service.get(name)
+
+
+@router.put("/v1/deployments/{name:path}")
+async def put_deployment_version(
+    name: str, spec: DeploymentSpec, service: Service, response: Response
+) -> DeploymentObject:
+    """Register a new immutable version of `name` (creating the deployment with its first).
+    201 when the deployment was created, 200 otherwise."""
+    deployment, created = await service.put(name, spec)
+    response.status_code = 201 if created else 200
+    return deployment
+
+
+@router.post("/v1/deployments/{target:path}")
+async def deployment_action(
+    target: str, service: Service, body: CanaryRequest | None = None
+) -> DeploymentObject:
+    """`{name}:canary` (body: version, percent), `{name}:promote`, `{name}:rollback`."""
+    name, _, action = target.rpartition(":")
+    if action == "canary":
+        if body is None:
+            raise ApiError(400, '`:canary` needs a body: {"version", "percent"}.')
+        return await service.canary(name, body.version, body.percent)
+    if action == "promote":
+        return await service.promote(name)
+    if action == "rollback":
+        return await service.rollback(name)
+    raise ApiError(
+        404,
+        f"No action `{target}`: POST /v1/deployments/{{name}}:canary, :promote or :rollback.",
+        code="unknown_action",
+    )

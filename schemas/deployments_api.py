@@ -1,0 +1,81 @@
+"""The admin API's deployment objects (`/v1/deployments`): the registry's record of a
+deployment, with what the replicas' heartbeats add (each version's state and ready replicas)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.registry import DeploymentRecord, DeploymentSpec, Lifecycle, TrafficSplit
+
+VersionState = Literal["loading", "ready", "draining", "retired"]
+"""`loading`: active, no ready replica yet; `ready`: active with one or more; `draining`:
+taking no new requests, finishing its streams; `retired`: gone (its name stays taken)."""
+Arm = Literal["stable", "canary", "none"]
+
+
+class DeploymentVersionObject(DeploymentSpec):
+    created_at: int
+    lifecycle: Lifecycle
+    state: VersionState
+    ready_replicas: int
+    arm: Arm
+    """Which share of traffic this version takes: all but the canary's, the canary's, none."""
+
+
+class DeploymentObject(BaseModel):
+    object: Literal["deployment"] = "deployment"
+    id: str
+    """The deployment's name (what callers put in `model`)."""
+    revision: int
+    """The registry's revision of this deployment (one more per change)."""
+    updated_at: int
+    traffic: TrafficSplit
+    versions: list[DeploymentVersionObject]
+
+    @classmethod
+    def of(cls, record: DeploymentRecord, ready: dict[str, int]) -> DeploymentObject:
+        """`ready`: ready replicas per pool."""
+        versions = []
+        for v in record.versions:
+            replicas = ready.get(v.pool, 0)
+            state: VersionState
+            if v.lifecycle == "active":
+                state = "ready" if replicas else "loading"
+            else:
+                state = v.lifecycle
+            arm: Arm = (
+                "stable"
+                if v.version == record.traffic.stable
+                else "canary"
+                if v.version == record.traffic.canary
+                else "none"
+            )
+            fields = v.model_dump()
+            versions.append(
+                DeploymentVersionObject(**fields, state=state, ready_replicas=replicas, arm=arm)
+            )
+        return cls(
+            id=record.name,
+            revision=record.revision,
+            updated_at=record.updated_at,
+            traffic=record.traffic,
+            versions=versions,
+        )
+
+
+class DeploymentList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeploymentObject]
+
+
+class CanaryRequest(BaseModel):
+    """`POST /v1/deployments/{name}:canary`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    """A registered, active version other than the stable one."""
+    percent: float = Field(gt=0.0, le=100.0)
+    """Share of the deployment's requests (those not pinned) it takes."""
