@@ -25,6 +25,12 @@ API_ERRORS = {
     "503": "No ready replica, or the queue or the token relay is unavailable",
 }
 """What every `/v1` operation can answer besides success."""
+ADMIN_ERRORS = {
+    "403": "A team key: the admin API takes admin keys only",
+    "409": "The change conflicts with the deployment's state (an existing version, a pool in "
+    "use, a canary in progress, an evaluation missing)",
+}
+"""What the admin API (`/v1/deployments`) answers besides the `/v1` errors."""
 EXTRA_ERRORS = {
     ("/v1/chat/completions", "post"): {"504": "The request did not finish before its deadline"},
     ("/readyz", "get"): {"503": "Not ready: the broker, Redis or a worker is missing"},
@@ -40,6 +46,8 @@ def _document(path: str, method: str, operation: dict[str, Any]) -> None:
     responses.pop("422", None)
     errors = dict(API_ERRORS) if path.startswith("/v1/") else {"500": API_ERRORS["500"]}
     errors.update(EXTRA_ERRORS.get((path, method), {}))
+    if path.startswith("/v1/deployments"):
+        errors.update(ADMIN_ERRORS)
     for status, description in errors.items():
         responses.setdefault(status, _error(description))
 

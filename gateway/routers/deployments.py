@@ -47,11 +47,13 @@ async def put_deployment_version(
     return deployment
 
 
-@router.post("/v1/deployments/{target:path}")
+@router.post("/v1/deployments/{name:path}")
 async def deployment_action(
-    target: str, service: Service, body: CanaryRequest | None = None
+    name: str, service: Service, body: CanaryRequest | None = None
 ) -> DeploymentObject:
-    """`{name}:canary` (body: version, percent), `{name}:promote`, `{name}:rollback`."""
+    """`{name}:canary` (body: version, percent), `{name}:promote`, `{name}:rollback`: the
+    path's `name` ends with the action."""
+    target = name
     name, _, action = target.rpartition(":")
     if action == "canary":
         if body is None:
