@@ -12,6 +12,7 @@ from typing import Any
 
 from schemas.chat import ChatCompletion, ChatCompletionMessage, Choice
 from schemas.completions import Completion, CompletionChoice
+from schemas.deployment import version_ref
 from schemas.messages import BatchLineRef, BatchResultEvent
 
 OK_PREFIX = b"1"
@@ -34,6 +35,7 @@ def result_line(event: BatchResultEvent) -> tuple[bool, bytes]:
             event.error_message or "The request failed.",
         )
     body: ChatCompletion | Completion
+    fingerprint = version_ref(event.model, event.model_version)
     if event.batch.endpoint == "/v1/completions":
         body = Completion(
             id=f"cmpl-{event.request_id}",
@@ -41,6 +43,7 @@ def result_line(event: BatchResultEvent) -> tuple[bool, bytes]:
             model=event.model,
             choices=[CompletionChoice(text=event.text, finish_reason=event.finish_reason)],
             usage=event.usage.to_openai(),
+            system_fingerprint=fingerprint,
         )
     else:
         body = ChatCompletion(
@@ -54,6 +57,7 @@ def result_line(event: BatchResultEvent) -> tuple[bool, bytes]:
                 )
             ],
             usage=event.usage.to_openai(),
+            system_fingerprint=fingerprint,
         )
     line: dict[str, Any] = {
         "id": event.request_id,

@@ -20,6 +20,12 @@ def _salt(*parts: str) -> str:
     return digest.hexdigest()
 
 
+def version_ref(name: str, version: str | None) -> str | None:
+    """`name@version`: how a deployment version is named to callers (`system_fingerprint`)
+    and pinned by them (`model`); None without a version."""
+    return f"{name}@{version}" if version else None
+
+
 class Deployment(BaseModel):
     """A model the gateway serves and the pool of workers that runs it."""
 
@@ -58,7 +64,7 @@ class Deployment(BaseModel):
     @property
     def ref(self) -> str:
         """`name@version`: what responses report as `system_fingerprint`."""
-        return f"{self.name}@{self.version}"
+        return f"{self.name}@{self.version}"  # version_ref, never None here
 
     def cache_salt(self, team: str, client_salt: str | None = None) -> str:
         """The prefix-cache salt of `team`'s requests: derived from the team (or its shared

@@ -315,6 +315,8 @@ class BatchResultEvent(Message):
     request_id: str
     batch: BatchLineRef
     model: str
+    model_version: str | None = None
+    """The deployment version that ran the line (its output's `system_fingerprint`)."""
     text: str | None = None
     finish_reason: FinishReason | None = None
     error_code: str | None = None

@@ -32,7 +32,7 @@ from gateway.services.registry import ModelRegistry
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
-from schemas.deployment import Deployment
+from schemas.deployment import Deployment, version_ref
 from schemas.generation import GenerationRequest
 from schemas.messages import Arm, CallerTags, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
@@ -318,7 +318,7 @@ class JobIntake:
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""
-        ref = f"{job.model}@{job.model_version or '1'}"
+        ref = version_ref(job.model, job.model_version or "1") or job.model
         return self._renderer.decode(ref, list(job.prompt_token_ids))
 
     async def release(self, admitted: AdmittedJob) -> None:

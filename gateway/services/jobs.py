@@ -19,6 +19,7 @@ from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.services.admission import TtftPrediction
 from gateway.services.intake import AdmittedJob, JobIntake
+from schemas.deployment import version_ref
 from schemas.generation import ServiceTier
 from schemas.messages import CancelEvent, ErrorEvent, FinishEvent, InferenceJob, TokenEvent
 from schemas.tools import ToolPlan
@@ -35,7 +36,7 @@ def served_tier(job: InferenceJob) -> ServiceTier:
 def fingerprint(job: InferenceJob) -> str | None:
     """`system_fingerprint` of a job's responses: `name@version` of the deployment that ran
     it (which the OpenAI SDK exposes), so callers can tell versions apart."""
-    return f"{job.model}@{job.model_version}" if job.model_version else None
+    return version_ref(job.model, job.model_version)
 
 
 def api_error_of(event: ErrorEvent) -> ApiError:

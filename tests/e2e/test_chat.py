@@ -27,7 +27,8 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 def test_models_are_listed(client: openai.OpenAI, stack: Stack) -> None:
     listed = [m.id for m in client.models.list().data]
-    assert listed == [stack.model, STRICT_MODEL, SIM_MODEL, IDLE_MODEL]
+    # The configured ones first, in order; deployments other tests register follow.
+    assert listed[:4] == [stack.model, STRICT_MODEL, SIM_MODEL, IDLE_MODEL]
 
 
 def test_non_streaming_completion_has_consistent_usage(client: openai.OpenAI) -> None:

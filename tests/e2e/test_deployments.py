@@ -4,12 +4,14 @@ and `llmq deployments list` shows the registry with its ready replicas."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
 
 from llmq.cli import app
-from tests.e2e.conftest import ADMIN_KEY, MODEL, Stack
+from tests.e2e.conftest import ADMIN_KEY, MAX_MODEL_LEN, MODEL, Stack
+from tests.e2e.test_batches import FINAL, jsonl, lines_of, submit, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -48,3 +50,24 @@ def test_the_cli_lists_the_registry_with_ready_replicas(stack: Stack) -> None:
         app, ["deployments", "list", "--base-url", f"{stack.base_url}/v1", "--admin-key", "x"]
     )
     assert refused.exit_code == 1 and "401" in refused.output
+
+
+def test_a_deployment_registered_at_run_time_serves_chat_and_batch_lines(
+    client: openai.OpenAI, stack: Stack
+) -> None:
+    """No process restarts: the gateway that took the PUT serves it at once, and the batch
+    service (another process) fans out lines that name it."""
+    alias = "tiny-llama-registered"
+    spec = {"version": "r1", "path": str(stack.model_path), "pool": stack.pool,
+            "max_model_len": MAX_MODEL_LEN, "ttft_slo_s": 30}  # fmt: skip
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    put = httpx.put(f"{stack.base_url}/v1/deployments/{alias}", json=spec, headers=admin)
+    assert put.status_code == 201, put.text
+    chat = client.chat.completions.create(model=alias, messages=HELLO, max_tokens=4)  # type: ignore[arg-type]
+    assert chat.system_fingerprint == f"{alias}@r1" and chat.model == alias
+    assert alias in [m.id for m in client.models.list().data]
+    batch = submit(client, jsonl(3, alias, prefix="registered"), "registered.jsonl")
+    done = wait_for(client, batch.id, lambda b: b.status in FINAL, within=240)
+    assert done.status == "completed", done
+    bodies = [line["response"]["body"] for line in lines_of(client, done.output_file_id)]
+    assert [b["system_fingerprint"] for b in bodies] == [f"{alias}@r1"] * 3
