@@ -71,6 +71,18 @@ def worker() -> None:
     run_worker(settings)
 
 
+@app.command()
+def controller() -> None:
+    """Run the pool controller: each deployment version's replicas as local worker processes,
+    following the registry (what `llmq dev up` runs)."""
+    from llmq.controller import ControllerSettings, serve
+    from llmq.logging import configure_logging
+
+    settings = ControllerSettings()
+    configure_logging(settings.log_json)
+    asyncio.run(serve(settings))
+
+
 @topics_app.command("ensure")
 def topics_ensure(
     pool: Annotated[list[str], typer.Option(help="Pools whose job topics to create.")],

@@ -44,7 +44,7 @@ __all__ = ["DevStackSettings", "down", "read_state", "status", "up"]
 log = structlog.get_logger()
 
 STATE_VERSION = 1
-_STOP_TIMEOUT_S = {"gateway": 30.0, "worker": 60.0}
+_STOP_TIMEOUT_S = {"gateway": 30.0, "worker": 60.0, "controller": 120.0}
 """Seconds a part gets to exit after SIGTERM (the worker drains in-flight work); default 10."""
 
 
@@ -96,20 +96,15 @@ def _stop_all(parts: list[ManagedProcess]) -> None:
             print(f"stopped {part.name} (pid {part.pid})")
 
 
-def _worker_env(
-    settings: DevStackSettings, model_path: Path, bootstrap: str, index: int = 0
-) -> dict[str, str]:
+def _worker_env(settings: DevStackSettings, bootstrap: str) -> dict[str, str]:
+    """What every worker of the stack gets; the pool controller adds each version's model,
+    path, pool, context, precision and replica id."""
     env = {
         "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
         "LLMQ_REDIS_URL": f"redis://{LOCALHOST}:{settings.redis_port}/0",
-        "LLMQ_MODEL": settings.model,
-        "LLMQ_MODEL_PATH": str(model_path),
-        "LLMQ_POOL": settings.pool,
-        "LLMQ_MAX_MODEL_LEN": str(settings.max_model_len),
         "LLMQ_MAX_NUM_SEQS": str(settings.max_num_seqs),
         "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
         "LLMQ_BATCH_MAX_IN_FLIGHT": str(settings.batch_max_in_flight),
-        "LLMQ_REPLICA_ID": f"{settings.pool}-dev-{index}",
         "LLMQ_HEALTH_PROBE_TIMEOUT_S": str(settings.health_probe_timeout_s),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
         "LLMQ_ENGINE": settings.engine,
@@ -119,8 +114,6 @@ def _worker_env(
     # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so
     # the worker need not re-execute itself to get it.
     env.update(engine_environment(settings.kv_cache_gib))
-    if settings.workers > 1:  # each engine's compute threads on a core of their own
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     return env
 
 
@@ -131,6 +124,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "pool": settings.pool,
         "max_model_len": settings.max_model_len,
         "tool_call_parser": settings.tool_call_parser,
+        "replicas": {"min": settings.workers, "max": settings.workers},
     }
     return {
         "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
@@ -233,14 +227,20 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
         raise ServiceStartError("topics", f"creating topics failed: {exc!r}") from exc
 
     print("starting workers and gateway (first engine start can take a few minutes) ...")
-    workers: list[ManagedProcess] = []
-    for index in range(settings.workers):
-        name = "worker" if settings.workers == 1 else f"worker-{index}"
-        env = _worker_env(settings, model_path, bootstrap, index)
-        # Supervised, as Kubernetes would: a worker that dies or exits unhealthy is restarted.
-        workers.append(start_llmq("worker", env, _fresh_log(name), name=name, supervised=True))
-        record(workers[-1])
     gateway_env = _gateway_env(settings, model_path, bootstrap)
+    # The pool controller runs the workers: each registered version's `replicas.min` (the
+    # seed asks for `settings.workers`), restarting any that exits, draining retired ones.
+    controller_env = {
+        "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
+        "LLMQ_REDIS_URL": gateway_env["LLMQ_REDIS_URL"],
+        "LLMQ_DEPLOYMENTS": gateway_env["LLMQ_DEPLOYMENTS"],
+        "LLMQ_WORKER_ENV": json.dumps(_worker_env(settings, bootstrap)),
+        "LLMQ_WORKER_LOG_DIR": str(logs_dir()),
+        "LLMQ_JOB_TOPIC_PARTITIONS": str(settings.partitions),
+        "LLMQ_LOG_JSON": str(settings.log_json).lower(),
+    }
+    controller = start_llmq("controller", controller_env, _fresh_log("controller"))
+    record(controller)
     gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
     record(gateway)
     batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "batch-dev-0"}
@@ -249,7 +249,7 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     wait_ready(
         lambda: http_status(readyz) == 200 and _all_heartbeating(settings),
         settings.ready_timeout_s,
-        [gateway, *workers],
+        [gateway, controller],
         f"{readyz} to answer 200 and {settings.workers} worker(s) to heartbeat",
     )
 

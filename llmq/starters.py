@@ -125,7 +125,7 @@ def start_moto(port: int, log_path: Path, timeout: float = 60.0) -> ManagedProce
 
 
 def start_llmq(
-    kind: Literal["gateway", "worker", "batch"],
+    kind: Literal["gateway", "worker", "batch", "controller"],
     env: dict[str, str],
     log_path: Path,
     name: str | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.tool_parsers import ToolCallParserName
 
@@ -18,6 +18,21 @@ def _salt(*parts: str) -> str:
         data = part.encode()
         digest.update(len(data).to_bytes(4, "big") + data)  # length-prefixed: no ambiguity
     return digest.hexdigest()
+
+
+class ReplicaBounds(BaseModel):
+    """How many replicas of a version run: at least `min` (the warm floor), at most `max`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: int = Field(default=1, ge=0)
+    max: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaBounds:
+        if self.max < self.min:
+            raise ValueError(f"replicas.max ({self.max}) is below replicas.min ({self.min})")
+        return self
 
 
 def version_ref(name: str, version: str | None) -> str | None:
@@ -44,6 +59,8 @@ class Deployment(BaseModel):
     tool_call_parser: ToolCallParserName | None = None
     """How this model writes tool calls in free text (`hermes`: `<tool_call>{...}</tool_call>`),
     as vLLM's `--tool-call-parser`: needed for `tool_choice: "auto"`, refused without it."""
+    replicas: ReplicaBounds = ReplicaBounds()
+    """How many replicas the pool controller runs (seeding the registry's version "1")."""
     shared_cache_teams: dict[str, list[str]] = {}
     """Named sets of teams that share prefix-cache blocks on this model (set name -> teams),
     for example one company-wide system prompt. Every team not listed has a cache of its own:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.deployment import Deployment
+from schemas.deployment import Deployment, ReplicaBounds
 from schemas.messages import Message
 from schemas.tool_parsers import ToolCallParserName
 
@@ -29,21 +29,6 @@ Precision = Literal["bfloat16", "float16", "float32", "fp8", "int8", "int4"]
 Lifecycle = Literal["active", "draining", "retired"]
 """What the registry says of a version. `active` versions are `loading` until a replica of
 theirs is ready and `ready` after (the API's `state` adds that from heartbeats)."""
-
-
-class ReplicaBounds(BaseModel):
-    """How many replicas of a version run: at least `min` (the warm floor), at most `max`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min: int = Field(default=1, ge=0)
-    max: int = Field(default=1, ge=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ReplicaBounds:
-        if self.max < self.min:
-            raise ValueError(f"replicas.max ({self.max}) is below replicas.min ({self.min})")
-        return self
 
 
 class DeploymentSpec(BaseModel):
@@ -164,6 +149,7 @@ def spec_of(deployment: Deployment, version: str = "1") -> DeploymentSpec:
         ttft_slo_s=deployment.ttft_slo_s,
         tool_call_parser=deployment.tool_call_parser,
         shared_cache_teams=deployment.shared_cache_teams,
+        replicas=deployment.replicas,
     )
 
 

@@ -1,0 +1,129 @@
+"""The pool controller: replicas follow the registry.
+
+Each active version should run `replicas.min` replicas (its warm floor); a draining or retired
+version none. The controller compares that with what runs and starts or stops replicas
+through a `ReplicaRunner` (local worker processes for `llmq dev up`; Kubernetes in
+production). A draining version's replicas are stopped only once its job topics hold no
+waiting work (a worker stopped with jobs still queued for its pool would strand them);
+stopping a worker drains it (it finishes its streams, commits and exits). A draining version
+with no replica left is marked `retired` in the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol
+
+import structlog
+
+from control.registry import DeploymentRegistry
+from schemas.registry import DeploymentRecord, DeploymentVersion
+from topics.catalog import PRIORITY_CLASSES
+from topics.ports import QueueBacklog
+
+log = structlog.get_logger()
+
+VersionKey = tuple[str, str]
+"""(deployment name, version)."""
+
+
+class ReplicaRunner(Protocol):
+    """Starts and stops the replicas (workers) of deployment versions."""
+
+    def running(self) -> dict[VersionKey, int]:
+        """Replicas per version that run and are not being stopped."""
+        ...
+
+    async def start(self, name: str, version: DeploymentVersion) -> None:
+        """Start one replica of `version` of deployment `name` (returns once it is spawned)."""
+        ...
+
+    async def stop_one(self, key: VersionKey) -> None:
+        """Drain and stop one replica of `key` (returns once it is told to stop)."""
+        ...
+
+
+def desired_replicas(version: DeploymentVersion) -> int:
+    return version.replicas.min if version.lifecycle == "active" else 0
+
+
+class PoolController:
+    def __init__(
+        self,
+        registry: DeploymentRegistry,
+        runner: ReplicaRunner,
+        backlog: QueueBacklog,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._registry = registry
+        self._runner = runner
+        self._backlog = backlog
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="pool-controller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:  # Redis or the broker away: try again next round
+                log.exception("reconcile_failed")
+            await asyncio.sleep(self._interval_s)
+
+    async def _waiting(self, pool: str) -> int:
+        return sum([await self._backlog.queued(pool, tier) for tier in PRIORITY_CLASSES])
+
+    async def reconcile(self) -> None:
+        """One round: start and stop replicas towards what the registry wants; retire
+        drained versions."""
+        records = self._registry.records
+        running = self._runner.running()
+        wanted: set[VersionKey] = set()
+        for record in records.values():
+            for version in record.versions:
+                key = (record.name, version.version)
+                wanted.add(key)
+                have, want = running.get(key, 0), desired_replicas(version)
+                for _ in range(want - have):
+                    log.info(
+                        "replica_starting", deployment=key[0], version=key[1], pool=version.pool
+                    )
+                    await self._runner.start(record.name, version)
+                if have > want:
+                    waiting = await self._waiting(version.pool)
+                    if version.lifecycle != "active" and waiting:
+                        log.info("drain_waiting", deployment=key[0], version=key[1], jobs=waiting)
+                        continue
+                    for _ in range(have - want):
+                        log.info("replica_stopping", deployment=key[0], version=key[1])
+                        await self._runner.stop_one(key)
+                if version.lifecycle == "draining" and not have:
+                    await self._retire(record, version.version)
+        for key, have in running.items():
+            if key not in wanted:  # its deployment was deleted
+                for _ in range(have):
+                    await self._runner.stop_one(key)
+
+    async def _retire(self, record: DeploymentRecord, version: str) -> None:
+        def retire(current: DeploymentRecord | None) -> DeploymentRecord | None:
+            if current is None:
+                return None
+            versions = tuple(
+                v.model_copy(update={"lifecycle": "retired"})
+                if v.version == version and v.lifecycle == "draining"
+                else v
+                for v in current.versions
+            )
+            return current.model_copy(update={"versions": versions})
+
+        await self._registry.update(record.name, retire)
+        log.info("version_retired", deployment=record.name, version=version)

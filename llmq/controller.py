@@ -1,0 +1,175 @@
+"""`llmq controller`: the pool controller with its local adapter, which runs each version's
+replicas as `llmq worker` processes on this machine (what `llmq dev up` uses; production uses
+the Kubernetes adapter instead)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from control.pool_controller import PoolController, VersionKey
+from control.registry import DeploymentRegistry
+from schemas.deployment import Deployment
+from schemas.registry import DeploymentVersion
+from topics.kafka import KafkaProducer, ensure_topics
+from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.redis_backlog import RedisBacklog
+from topics.redis_client import connect_redis
+
+log = structlog.get_logger()
+
+SETTINGS_FROM_SPEC = ("max_num_seqs", "kv_cache_gib", "tpot_slo_s", "batch_max_in_flight")
+"""`engine_args` a version may set for its workers (their `LLMQ_*` settings)."""
+
+
+class ControllerSettings(BaseSettings):
+    """The pool controller process; built once at start-up."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers (the registry and the job topics)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis (the pools' waiting backlog, which a draining version must empty first)."""
+    deployments: list[Deployment] = []
+    """The seed of an empty registry (the gateway's `LLMQ_DEPLOYMENTS`)."""
+    registry_poll_ms: int = 250
+    """How long one read of the registry log waits for new records."""
+    reconcile_interval_s: float = 1.0
+    """How often desired and running replicas are compared."""
+    worker_env: dict[str, str] = {}
+    """`LLMQ_*` (and engine) environment every worker gets (JSON object): Kafka, Redis, the
+    engine, its KV cache; the version adds its model, path, pool, context and precision."""
+    worker_log_dir: str = ".llmq/run/logs"
+    """Where each worker's log goes (`<replica id>.log`)."""
+    job_topic_partitions: int = 8
+    """Partitions of job topics created for a version's pool that has none yet."""
+    stop_timeout_s: float = Field(default=90.0, gt=0)
+    """How long a stopped worker may drain before it is killed."""
+    log_json: bool = False
+    """JSON logs (production) instead of console logs (development)."""
+
+
+class LocalProcessReplicas:
+    """The `ReplicaRunner` of one machine: a worker process per replica."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        from llmq.services import ManagedProcess
+
+        self._settings = settings
+        self._replicas: dict[VersionKey, list[ManagedProcess]] = {}
+        self._stopping = ThreadPoolExecutor(max_workers=8, thread_name_prefix="llmq-stop")
+
+    def running(self) -> dict[VersionKey, int]:
+        from llmq.services import is_alive
+
+        for key, processes in self._replicas.items():
+            exited = [p for p in processes if not is_alive(p.pid)]
+            for process in exited:
+                log.warning("replica_exited", deployment=key[0], version=key[1], pid=process.pid)
+                processes.remove(process)
+        return {key: len(processes) for key, processes in self._replicas.items() if processes}
+
+    def _replica_id(self, pool: str) -> str:
+        taken = {p.name for processes in self._replicas.values() for p in processes}
+        index = 0
+        while f"{pool}-dev-{index}" in taken:
+            index += 1
+        return f"{pool}-dev-{index}"
+
+    def worker_env(self, name: str, version: DeploymentVersion, replica_id: str) -> dict[str, str]:
+        env = dict(self._settings.worker_env)
+        env.update(
+            {
+                "LLMQ_MODEL": name,
+                "LLMQ_MODEL_PATH": version.path,
+                "LLMQ_POOL": version.pool,
+                "LLMQ_MAX_MODEL_LEN": str(version.max_model_len),
+                "LLMQ_DTYPE": version.precision,
+                "LLMQ_REPLICA_ID": replica_id,
+            }
+        )
+        if version.tpot_slo_s is not None:
+            env["LLMQ_TPOT_SLO_S"] = str(version.tpot_slo_s)
+        for key, value in version.engine_args.items():
+            if key in SETTINGS_FROM_SPEC:
+                env[f"LLMQ_{key.upper()}"] = str(value)
+            else:
+                log.warning("engine_arg_not_applied", deployment=name, arg=key)
+        return env
+
+    async def start(self, name: str, version: DeploymentVersion) -> None:
+        from llmq.starters import start_llmq
+
+        bootstrap = self._settings.kafka_bootstrap
+        await ensure_topics(bootstrap, [version.pool], self._settings.job_topic_partitions)
+        replica_id = self._replica_id(version.pool)
+        env = self.worker_env(name, version, replica_id)
+        log_path = Path(self._settings.worker_log_dir) / f"{replica_id}.log"
+        process = start_llmq("worker", env, log_path, name=replica_id)
+        self._replicas.setdefault((name, version.version), []).append(process)
+        log.info("replica_started", deployment=name, version=version.version, replica=replica_id)
+
+    async def stop_one(self, key: VersionKey) -> None:
+        from llmq.services import stop
+
+        processes = self._replicas.get(key, [])
+        if not processes:
+            return
+        process = processes.pop()  # the newest first
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(self._stopping, stop, process, self._settings.stop_timeout_s)
+
+    async def stop_all(self) -> None:
+        from llmq.services import stop
+
+        processes = [p for ps in self._replicas.values() for p in ps]
+        self._replicas.clear()
+        loop = asyncio.get_running_loop()
+        timeout = self._settings.stop_timeout_s
+        await asyncio.gather(
+            *(loop.run_in_executor(self._stopping, stop, p, timeout) for p in processes)
+        )
+        self._stopping.shutdown(wait=True)
+
+
+async def serve(settings: ControllerSettings) -> None:
+    """Run until SIGTERM or SIGINT, then drain and stop every worker this controller runs."""
+    client_id = "llmq-controller"
+    await ensure_registry_topic(settings.kafka_bootstrap)
+    producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
+    registry_log = KafkaRegistryLog(
+        settings.kafka_bootstrap, producer, client_id, settings.registry_poll_ms
+    )
+    registry = DeploymentRegistry(registry_log)
+    redis = connect_redis(settings.redis_url)
+    runner = LocalProcessReplicas(settings)
+    controller = PoolController(
+        registry, runner, RedisBacklog(redis), settings.reconcile_interval_s
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await producer.start()
+    await registry_log.start()
+    try:
+        await registry.start()
+        await registry.seed(settings.deployments)
+        controller.start()
+        log.info("controller_started", deployments=len(registry.records))
+        await stop.wait()
+    finally:
+        await controller.stop()
+        await runner.stop_all()
+        await registry.stop()
+        await registry_log.stop()
+        await producer.stop()
+        await redis.aclose()
+        log.info("controller_stopped")
