@@ -55,7 +55,9 @@ class PoolController:
         runner: ReplicaRunner,
         backlog: QueueBacklog,
         interval_s: float = 1.0,
+        managed: frozenset[str] = frozenset(),
     ) -> None:
+        self._managed = managed
         self._registry = registry
         self._runner = runner
         self._backlog = backlog
@@ -85,7 +87,11 @@ class PoolController:
     async def reconcile(self) -> None:
         """One round: start and stop replicas towards what the registry wants; retire
         drained versions."""
-        records = self._registry.records
+        records = {
+            name: record
+            for name, record in self._registry.records.items()
+            if not self._managed or name in self._managed
+        }
         running = self._runner.running()
         wanted: set[VersionKey] = set()
         for record in records.values():
@@ -109,7 +115,7 @@ class PoolController:
                 if version.lifecycle == "draining" and not have:
                     await self._retire(record, version.version)
         for key, have in running.items():
-            if key not in wanted:  # its deployment was deleted
+            if key not in wanted and (not self._managed or key[0] in self._managed):  # deleted
                 for _ in range(have):
                     await self._runner.stop_one(key)
 

@@ -41,6 +41,9 @@ class ControllerSettings(BaseSettings):
     """The seed of an empty registry (the gateway's `LLMQ_DEPLOYMENTS`)."""
     registry_poll_ms: int = 250
     """How long one read of the registry log waits for new records."""
+    managed_deployments: list[str] = []
+    """The deployments whose replicas this controller runs (JSON list); empty: every one in
+    the registry. Several controllers can split a registry this way (one per cluster)."""
     reconcile_interval_s: float = 1.0
     """How often desired and running replicas are compared."""
     worker_env: dict[str, str] = {}
@@ -151,7 +154,11 @@ async def serve(settings: ControllerSettings) -> None:
     redis = connect_redis(settings.redis_url)
     runner = LocalProcessReplicas(settings)
     controller = PoolController(
-        registry, runner, RedisBacklog(redis), settings.reconcile_interval_s
+        registry,
+        runner,
+        RedisBacklog(redis),
+        settings.reconcile_interval_s,
+        frozenset(settings.managed_deployments),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,105 @@
+"""The pool controller process on the real broker and Redis, with SIMULATED engine workers:
+a registered version gets its replica, a rolled-back canary drains and retires, and requests
+keep succeeding through all of it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from llmq import services, starters
+from llmq.modelbuild import ensure_model
+from tests.polling import eventually
+
+pytestmark = pytest.mark.integration
+
+NAME, TEAM_KEY, ADMIN_KEY = "ctl-llama", "sk-ctl-team", "sk-ctl-admin"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    kafka_bootstrap: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    model_path = str(ensure_model("tiny-llama"))
+    logs = tmp_path_factory.mktemp("controller")
+    seed = [{"name": NAME, "path": model_path, "pool": "ctl-v1", "max_model_len": 1024,
+             "ttft_slo_s": 30, "replicas": {"min": 1, "max": 1}}]  # fmt: skip
+    common = {"LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url,
+              "LLMQ_DEPLOYMENTS": json.dumps(seed), "LLMQ_REGISTRY_POLL_MS": "50",
+              "LLMQ_JOB_TOPIC_PARTITIONS": "2"}  # fmt: skip
+    worker_env = {
+        "LLMQ_KAFKA_BOOTSTRAP": kafka_bootstrap, "LLMQ_REDIS_URL": redis_url,
+        "LLMQ_ENGINE": "simulated", "LLMQ_SIM_MODEL": "llama-3-8b", "LLMQ_DRAIN_GRACE_S": "10",
+    }  # fmt: skip
+    controller_env = {
+        **common,
+        "LLMQ_WORKER_ENV": json.dumps(worker_env),
+        "LLMQ_WORKER_LOG_DIR": str(logs),
+        "LLMQ_MANAGED_DEPLOYMENTS": json.dumps([NAME]),
+        "LLMQ_RECONCILE_INTERVAL_S": "0.2",
+    }
+    port = services.free_port()
+    gateway_env = {
+        **common, "LLMQ_PORT": str(port), "LLMQ_API_KEYS": json.dumps({TEAM_KEY: "ctl"}),
+        "LLMQ_ADMIN_KEYS": json.dumps([ADMIN_KEY]), "LLMQ_S3_ENDPOINT_URL": s3_endpoint,
+        "LLMQ_S3_BUCKET": "llmq-ctl", "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+    }  # fmt: skip
+    controller = starters.start_llmq("controller", controller_env, logs / "controller.log")
+    gateway = starters.start_llmq("gateway", gateway_env, logs / "gateway.log")
+    url = f"http://{services.LOCALHOST}:{port}"
+    try:
+        services.wait_ready(
+            lambda: services.http_status(f"{url}/readyz") == 200,
+            timeout=120,
+            watch=[controller, gateway],
+            what="gateway /readyz (the controller's first worker ready)",
+        )
+        yield {"url": url, "path": model_path}
+    finally:
+        services.stop(gateway)
+        services.stop(controller, timeout=60)  # it drains and stops its workers first
+
+
+async def test_versions_get_replicas_and_a_rolled_back_canary_drains_and_retires(
+    stack: dict[str, Any],
+) -> None:
+    admin = httpx.AsyncClient(
+        base_url=f"{stack['url']}/v1", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    team = httpx.AsyncClient(
+        base_url=f"{stack['url']}/v1", headers={"Authorization": f"Bearer {TEAM_KEY}"}
+    )
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    async def states() -> dict[str, tuple[str, int]]:
+        body = (await admin.get(f"/deployments/{NAME}")).json()
+        return {v["version"]: (v["state"], v["ready_replicas"]) for v in body["versions"]}
+
+    async def served() -> set[str]:
+        fingerprints = set()
+        for i in range(20):
+            response = await team.post("/chat/completions", json={**chat, "user": f"u{i}"})
+            assert response.status_code == 200, response.text
+            fingerprints.add(response.json()["system_fingerprint"])
+        return fingerprints
+
+    async with admin, team:
+        spec = {"version": "2", "path": stack["path"], "pool": "ctl-v2", "max_model_len": 1024,
+                "ttft_slo_s": 30}  # fmt: skip
+        assert (await admin.put(f"/deployments/{NAME}", json=spec)).status_code == 200
+        await eventually(states, lambda s: s["2"] == ("ready", 1), within=60, interval=0.2)
+        canary = await admin.post(f"/deployments/{NAME}:canary", json={"version": "2",
+                                                                      "percent": 50})  # fmt: skip
+        assert canary.status_code == 200
+        assert await served() == {f"{NAME}@1", f"{NAME}@2"}
+        assert (await admin.post(f"/deployments/{NAME}:rollback")).status_code == 200
+        assert await served() == {f"{NAME}@1"}
+        final = await eventually(
+            states, lambda s: s["2"] == ("retired", 0), within=60, interval=0.2
+        )
+        assert final["1"] == ("ready", 1)

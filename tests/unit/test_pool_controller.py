@@ -1,0 +1,98 @@
+"""The pool controller's reconcile rounds against a registry (over an in-memory log), a
+recording replica runner and a settable backlog."""
+
+from __future__ import annotations
+
+from control.pool_controller import PoolController, VersionKey
+from control.registry import DeploymentRegistry, first_record
+from schemas.deployment import ReplicaBounds
+from schemas.registry import DeploymentRecord, DeploymentVersion, TrafficSplit
+from tests.unit.test_registry import MemoryRegistryLog
+
+
+class RecordingRunner:
+    def __init__(self) -> None:
+        self.replicas: dict[VersionKey, int] = {}
+        self.calls: list[tuple[str, VersionKey]] = []
+
+    def running(self) -> dict[VersionKey, int]:
+        return {k: n for k, n in self.replicas.items() if n}
+
+    async def start(self, name: str, version: DeploymentVersion) -> None:
+        key = (name, version.version)
+        self.replicas[key] = self.replicas.get(key, 0) + 1
+        self.calls.append(("start", key))
+
+    async def stop_one(self, key: VersionKey) -> None:
+        self.replicas[key] -= 1
+        self.calls.append(("stop", key))
+
+
+class Backlog:
+    def __init__(self) -> None:
+        self.waiting: dict[str, int] = {}
+
+    async def queued(self, pool: str, tier: str) -> int:
+        return self.waiting.get(pool, 0) if tier == "interactive" else 0
+
+
+def _version(version: str, pool: str, low: int = 1, high: int = 2) -> DeploymentVersion:
+    return DeploymentVersion(
+        version=version, path="/m", pool=pool, created_at=1,
+        replicas=ReplicaBounds(min=low, max=high),
+    )  # fmt: skip
+
+
+async def _setup() -> tuple[DeploymentRegistry, RecordingRunner, Backlog, PoolController]:
+    registry = DeploymentRegistry(MemoryRegistryLog())
+    await registry.start()
+    runner, backlog = RecordingRunner(), Backlog()
+    controller = PoolController(registry, runner, backlog)  # type: ignore[arg-type]
+    return registry, runner, backlog, controller
+
+
+async def test_each_active_version_gets_its_floor_and_a_dead_replica_is_replaced() -> None:
+    registry, runner, _, controller = await _setup()
+    try:
+        record = first_record("m", _version("1", "p1", low=2))
+        await registry.update("m", lambda _: record)
+        await controller.reconcile()
+        assert runner.replicas == {("m", "1"): 2}
+        runner.replicas[("m", "1")] = 1  # one exited
+        await controller.reconcile()
+        await controller.reconcile()  # nothing more to do
+        assert runner.replicas == {("m", "1"): 2} and len(runner.calls) == 3
+    finally:
+        await registry.stop()
+
+
+async def test_a_draining_version_stops_only_once_its_queue_is_empty_then_retires() -> None:
+    registry, runner, backlog, controller = await _setup()
+    try:
+        record = first_record("m", _version("1", "p1"))
+        record = record.model_copy(update={"versions": (*record.versions, _version("2", "p2"))})
+        await registry.update("m", lambda _: record)
+        await controller.reconcile()
+        assert runner.replicas == {("m", "1"): 1, ("m", "2"): 1}
+
+        def promote(current: DeploymentRecord | None) -> DeploymentRecord:
+            assert current is not None
+            old = current.versions[0].model_copy(update={"lifecycle": "draining"})
+            return current.model_copy(
+                update={"versions": (old, current.versions[1]), "traffic": TrafficSplit(stable="2")}
+            )
+
+        await registry.update("m", promote)
+        backlog.waiting["p1"] = 3  # jobs still queued for version 1's workers
+        await controller.reconcile()
+        assert runner.replicas[("m", "1")] == 1
+        backlog.waiting["p1"] = 0
+        await controller.reconcile()  # stops it
+        assert runner.replicas[("m", "1")] == 0
+        await controller.reconcile()  # nothing runs it any more: retired
+        retired = registry.get("m")
+        assert retired is not None
+        assert [v.lifecycle for v in retired.versions] == ["retired", "active"]
+        assert runner.replicas[("m", "2")] == 1
+    finally:
+        await registry.stop()
