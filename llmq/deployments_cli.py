@@ -71,6 +71,11 @@ def act(
     return _checked(client.post(f"/deployments/{name}:{action}", json=body))
 
 
+def scale(client: httpx.Client, name: str, version: str, low: int, high: int) -> dict[str, Any]:
+    body = {"version": version, "replicas": {"min": low, "max": high}}
+    return _checked(client.patch(f"/deployments/{name}", json=body))
+
+
 def spec_from_options(
     *,
     version: str,
@@ -247,3 +252,24 @@ def deployments_rollback(
 ) -> None:
     """Send all of NAME's traffic back to its stable version; the canary drains."""
     _deployment_action(name, "rollback", base_url, admin_key)
+
+
+@deployments_app.command("scale")
+def deployments_scale(
+    name: str,
+    version: Annotated[str, typer.Option(help="The version to scale.")],
+    replicas: Annotated[int, typer.Option(min=0, help="Replicas to run (its warm floor).")],
+    max_replicas: Annotated[
+        int | None, typer.Option(min=0, help="Most replicas (default: --replicas).")
+    ] = None,
+    base_url: BaseUrlOption = DEFAULT_BASE_URL,
+    admin_key: AdminKeyOption = DEFAULT_ADMIN_KEY,
+) -> None:
+    """Run REPLICAS replicas of VERSION of NAME; scale-in drains the replicas it stops."""
+    high = max_replicas if max_replicas is not None else replicas
+    try:
+        with make_client(base_url, admin_key) as client:
+            deployment = scale(client, name, version, replicas, high)
+    except (AdminApiError, OSError) as exc:
+        raise typer.Exit(report(exc)) from exc
+    typer.echo("\n".join(format_table([deployment])))

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.deployment import ReplicaBounds
 from schemas.registry import DeploymentRecord, DeploymentSpec, Lifecycle, TrafficSplit
 
 VersionState = Literal["loading", "ready", "draining", "retired"]
@@ -79,3 +80,12 @@ class CanaryRequest(BaseModel):
     """A registered, active version other than the stable one."""
     percent: float = Field(gt=0.0, le=100.0)
     """Share of the deployment's requests (those not pinned) it takes."""
+
+
+class ScaleRequest(BaseModel):
+    """`PATCH /v1/deployments/{name}`: a version's replica bounds (its capacity)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    replicas: ReplicaBounds

@@ -72,16 +72,8 @@ class DeploymentSpec(BaseModel):
 
     def serving(self, name: str) -> Deployment:
         """What a gateway serves for this version of deployment `name`."""
-        return Deployment(
-            name=name,
-            version=self.version,
-            path=self.path,
-            pool=self.pool,
-            max_model_len=self.max_model_len,
-            ttft_slo_s=self.ttft_slo_s,
-            tool_call_parser=self.tool_call_parser,
-            shared_cache_teams=self.shared_cache_teams,
-        )
+        shared = set(Deployment.model_fields) - {"name"}
+        return Deployment(name=name, **self.model_dump(include=shared))
 
 
 class DeploymentVersion(DeploymentSpec):
@@ -141,16 +133,8 @@ class DeploymentRecord(Message):
 
 def spec_of(deployment: Deployment, version: str = "1") -> DeploymentSpec:
     """The spec a configured deployment (`LLMQ_DEPLOYMENTS`) seeds an empty registry with."""
-    return DeploymentSpec(
-        version=version,
-        path=deployment.path,
-        pool=deployment.pool,
-        max_model_len=deployment.max_model_len,
-        ttft_slo_s=deployment.ttft_slo_s,
-        tool_call_parser=deployment.tool_call_parser,
-        shared_cache_teams=deployment.shared_cache_teams,
-        replicas=deployment.replicas,
-    )
+    shared = set(DeploymentSpec.model_fields) - {"version"}
+    return DeploymentSpec(version=version, **deployment.model_dump(include=shared))
 
 
 def split_model(model: str) -> tuple[str, str | None]:

@@ -12,7 +12,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from gateway.auth import current_admin
 from gateway.errors import ApiError
 from gateway.services.deployments import DeploymentsService
-from schemas.deployments_api import CanaryRequest, DeploymentList, DeploymentObject
+from schemas.deployments_api import (
+    CanaryRequest,
+    DeploymentList,
+    DeploymentObject,
+    ScaleRequest,
+)
 from schemas.registry import DeploymentSpec
 
 router = APIRouter(dependencies=[Depends(current_admin)], tags=["admin"])
@@ -45,6 +50,14 @@ async def put_deployment_version(
     deployment, created = await service.put(name, spec)
     response.status_code = 201 if created else 200
     return deployment
+
+
+@router.patch("/v1/deployments/{name:path}")
+async def scale_deployment_version(
+    name: str, body: ScaleRequest, service: Service
+) -> DeploymentObject:
+    """Change a version's replica bounds; scale-in drains the replicas it stops."""
+    return await service.scale(name, body.version, body.replicas)
 
 
 @router.post("/v1/deployments/{name:path}")

@@ -15,6 +15,7 @@ from control.registry import DeploymentRegistry, RegistryConflict, RegistryUnava
 from control.served import Prepare
 from gateway.errors import ApiError
 from gateway.services.registry import ModelRegistry
+from schemas.deployment import ReplicaBounds
 from schemas.deployments_api import DeploymentList, DeploymentObject
 from schemas.registry import (
     DeploymentRecord,
@@ -91,7 +92,8 @@ class DeploymentsService:
                 return first_record(name, version)
             existing = current.version(spec.version)
             if existing is not None:
-                if existing.spec() == spec:
+                # Replicas change through `scale` (PATCH), so a retried PUT still matches.
+                if existing.spec().model_copy(update={"replicas": spec.replicas}) == spec:
                     return current  # a retried PUT: nothing to change
                 raise ApiError(
                     409,
@@ -148,6 +150,21 @@ class DeploymentsService:
                 stable=record.traffic.stable, canary=version, canary_percent=percent
             )
             return record.model_copy(update={"traffic": traffic})
+
+        return self._object(await self._write(name, change))
+
+    async def scale(self, name: str, version: str, replicas: ReplicaBounds) -> DeploymentObject:
+        """Change how many replicas `version` runs: its one mutable field (capacity, not
+        numerics). The pool controller starts or drains replicas to match."""
+
+        def change(current: DeploymentRecord | None) -> DeploymentRecord:
+            record = _existing(name, current)
+            _live_version(record, version)
+            versions = tuple(
+                v.model_copy(update={"replicas": replicas}) if v.version == version else v
+                for v in record.versions
+            )
+            return record.model_copy(update={"versions": versions})
 
         return self._object(await self._write(name, change))
 

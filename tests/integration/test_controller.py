@@ -103,3 +103,13 @@ async def test_versions_get_replicas_and_a_rolled_back_canary_drains_and_retires
             states, lambda s: s["2"] == ("retired", 0), within=60, interval=0.2
         )
         assert final["1"] == ("ready", 1)
+        for replicas in (2, 1):  # scale out, then in (the replica stopped drains)
+            scaled = await admin.patch(
+                f"/deployments/{NAME}",
+                json={"version": "1", "replicas": {"min": replicas, "max": replicas}},
+            )
+            assert scaled.status_code == 200, scaled.text
+            await eventually(
+                states, lambda s, n=replicas: s["1"] == ("ready", n), within=60, interval=0.2
+            )
+            assert await served() == {f"{NAME}@1"}

@@ -314,3 +314,20 @@ async def test_the_split_sends_the_canary_its_share_and_keeps_sticky_callers_on_
         assert models.route("m@1")[1] == "pinned"
     finally:
         await registry.stop()
+
+
+async def test_scale_changes_only_a_live_versions_replicas() -> None:
+    from schemas.deployment import ReplicaBounds
+
+    service, _, registry = await _service(MemoryRegistryLog())
+    try:
+        await service.put("m", _spec("1", "p1"))
+        scaled = await service.scale("m", "1", ReplicaBounds(min=3, max=4))
+        assert (scaled.versions[0].replicas.min, scaled.versions[0].replicas.max) == (3, 4)
+        again, _ = await service.put("m", _spec("1", "p1"))  # a retried PUT still matches
+        assert again.revision == scaled.revision
+        with pytest.raises(ApiError) as missing:
+            await service.scale("m", "9", ReplicaBounds())
+        assert missing.value.code == "version_not_found"
+    finally:
+        await registry.stop()
