@@ -80,7 +80,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 settings.kafka_bootstrap, [deployment.pool], settings.job_topic_partitions
             )
 
-        registry = ModelRegistry([], replicas, prepare)
+        first = settings.deployments[0].name if settings.deployments else None
+        registry = ModelRegistry([], replicas, prepare, default=first)
         registry_log = KafkaRegistryLog(
             settings.kafka_bootstrap, producer, client_id, settings.registry_poll_ms
         )

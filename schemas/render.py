@@ -113,6 +113,8 @@ class ChatRenderer:
         self._tokenizers = tokenizers
         self._limits = limits or {}
         self._encoders = {name: PieceCachedEncoder(t) for name, t in tokenizers.items()}
+        self._by_path: dict[str, Tokenizer] = {}
+        """Loaded tokenizers by folder: versions sharing one share it (and its memory)."""
 
     @classmethod
     def load(cls, deployments: list[Deployment]) -> ChatRenderer:
@@ -139,7 +141,9 @@ class ChatRenderer:
         """Load the tokenizer of `deployment` (slow: call it off the event loop), under its
         `ref` (`name@version`), which is how callers name it from then on. Raises when its
         path holds no tokenizer."""
-        tokenizer = self.load_tokenizer(deployment.path)
+        tokenizer = self._by_path.get(deployment.path)
+        if tokenizer is None:
+            tokenizer = self._by_path[deployment.path] = self.load_tokenizer(deployment.path)
         limits = RenderLimits(deployment.max_model_len, longest_token_chars(tokenizer))
         encoder = PieceCachedEncoder(tokenizer)
         # Whole entries, each one assignment: a thread reading them sees old or new.

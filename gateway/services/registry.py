@@ -66,8 +66,10 @@ class ModelRegistry:
         deployments: list[Deployment],
         replicas: ReplicaView,
         prepare: Prepare | None = None,
+        default: str | None = None,
     ) -> None:
         self.served = ServedModels(deployments, prepare)
+        self._default = default
         self.apply = self.served.apply
         self.replicas = replicas
 
@@ -78,7 +80,10 @@ class ModelRegistry:
 
     @property
     def default(self) -> Deployment | None:
-        return next(iter(self.served.stable.values()), None)
+        """The model `/readyz` checks: the one named at start-up (the first configured) while
+        the registry serves it, else the first served."""
+        named = self.served.find(self._default) if self._default else None
+        return named or next(iter(self.served.stable.values()), None)
 
     def versions(self, name: str) -> dict[str, Deployment]:
         return self.served.versions(name)
