@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -43,3 +43,20 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker of the module's own, for tests whose gateways and controllers leave state
+    behind in it: their deployments in `llmq.registry` (which every later gateway of the
+    session would fold and serve), and a quota consumer group that several gateways joined
+    and left (after which Tansu 0.6 never gives a joining member an assignment, so the next
+    gateway would wait forever to start)."""
+    from llmq import services, starters
+
+    port = services.free_port()
+    proc = starters.start_tansu(port, tmp_path_factory.mktemp("own-tansu") / "tansu.log")
+    try:
+        yield f"{services.LOCALHOST}:{port}"
+    finally:
+        services.stop(proc)

@@ -22,8 +22,9 @@ NAME, TEAM_KEY, ADMIN_KEY = "ctl-llama", "sk-ctl-team", "sk-ctl-admin"
 
 @pytest.fixture(scope="module")
 def stack(
-    kafka_bootstrap: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+    own_kafka: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
+    kafka_bootstrap = own_kafka
     model_path = str(ensure_model("tiny-llama"))
     logs = tmp_path_factory.mktemp("controller")
     seed = [{"name": NAME, "path": model_path, "pool": "ctl-v1", "max_model_len": 1024,

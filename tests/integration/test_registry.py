@@ -42,8 +42,9 @@ def _start_gateway(
 
 @pytest.fixture(scope="module")
 def gateways(
-    kafka_bootstrap: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+    own_kafka: str, redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
+    kafka_bootstrap = own_kafka
     model_path = str(ensure_model("tiny-llama"))
     logs = tmp_path_factory.mktemp("registry")
     env = {
@@ -186,9 +187,9 @@ async def _fingerprints(url: str, users: list[str]) -> list[str | None]:
 
 
 async def test_a_canary_takes_its_share_and_a_rollback_ends_it_for_every_later_request(
-    gateways: dict[str, Any], kafka_bootstrap: str
+    gateways: dict[str, Any],
 ) -> None:
-    await ensure_topics(kafka_bootstrap, [POOL], partitions=2)
+    await ensure_topics(gateways["env"]["LLMQ_KAFKA_BOOTSTRAP"], [POOL], partitions=2)
     for pool in (POOL, "registry-v3"):
         _start_sim_worker(gateways, pool)
     spec = {"version": "3", "path": gateways["path"], "pool": "registry-v3",
