@@ -36,7 +36,7 @@ from llmq.services import (
     wait_ready,
 )
 from llmq.starters import start_llmq, start_moto, start_tansu, start_valkey
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 from topics import catalog
 
 __all__ = ["DevStackSettings", "down", "read_state", "status", "up"]

@@ -380,36 +380,3 @@ class UsageRecord(Message):
     finished_at: float
     caller: CallerTags | None = None
     """The request's `user`, `safety_identifier` and `metadata`, when it named any."""
-
-
-ReplicaState = Literal["loading", "ready", "draining"]
-
-
-class ReplicaHeartbeat(Message):
-    """A worker's liveness and load, refreshed in Redis every ~0.5 s with a short TTL."""
-
-    type: Literal["heartbeat"] = "heartbeat"
-    replica_id: str
-    pool: str
-    model: str
-    state: ReplicaState
-    healthy: bool = True
-    partitions: tuple[str, ...] = ()
-    kv_cache_usage: float = 0.0
-    running: int = 0
-    waiting: int = 0
-    in_flight: int = 0
-    """Jobs this worker holds (running in the engine or about to start)."""
-    outstanding_tokens: int = 0
-    """Prompt tokens still to prefill plus output tokens still to decode, over held jobs."""
-    prefill_tokens_per_s: float = 0.0
-    """Measured prefill rate (moving average); 0 until the first job finished prefill."""
-    max_num_seqs: int = 0
-    """Sequence slots this replica offers: its engine's max_num_seqs, or fewer while its TPOT
-    cap (`LLMQ_TPOT_SLO_S`) runs fewer sequences to keep decode steps within the SLO (0: not
-    reported)."""
-    mean_job_s: float = 0.0
-    """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
-    engine: Literal["vllm", "simulated"] = "vllm"
-    """What runs the jobs; ``simulated`` is a modelled GPU replica with placeholder text."""
-    sent_at: float

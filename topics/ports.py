@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import (
     BatchResultEvent,
     CancelEvent,
@@ -16,7 +17,6 @@ from schemas.messages import (
     ErrorEvent,
     FinishEvent,
     InferenceJob,
-    ReplicaHeartbeat,
     TokenEvent,
     UsageCounts,
     UsageRecord,

@@ -18,13 +18,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from schemas.messages import (
-    CancelEvent,
-    ErrorEvent,
-    ReplicaHeartbeat,
-    ReplyBatchEvent,
-    relay_message_adapter,
-)
+from schemas.heartbeat import ReplicaHeartbeat
+from schemas.messages import CancelEvent, ErrorEvent, ReplyBatchEvent, relay_message_adapter
 from topics import catalog
 from topics.ports import ReplyEventT
 from topics.redis_reply_batch import RedisReplyBatch

@@ -9,7 +9,7 @@ from typing import Literal
 
 import structlog
 
-from schemas.messages import ReplicaHeartbeat, ReplicaState
+from schemas.heartbeat import ReplicaHeartbeat, ReplicaState
 from topics.redis_relay import RedisReplicaDirectory
 from workers.engine.port import EngineClient, EngineStats
 from workers.load import LoadTracker

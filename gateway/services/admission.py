@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.chat import Tier
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 
 _EPSILON = 1e-9
 

@@ -11,7 +11,8 @@ import structlog
 from control.served import Prepare, ServedModels
 from gateway.errors import ApiError, model_not_found
 from gateway.settings import Deployment
-from schemas.messages import Arm, ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
+from schemas.messages import Arm
 from topics.ports import ReplicaDirectory
 
 log = structlog.get_logger()

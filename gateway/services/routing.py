@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 
 RouteReason = Literal["affinity", "bounded_load", "no_owner_info"]
 """Why a partition was chosen.

@@ -96,7 +96,7 @@ def create_app(settings: WorkerSettings) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(raw: Request) -> Response:
         request = ChatCompletionRequest.model_validate(await raw.json())
-        prompt = renderer.tokenize(settings.model, request.messages)
+        prompt = renderer.tokenize(deployment.ref, request.messages)
         max_tokens = request.output_limit or settings.max_model_len - len(prompt)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         steps = engine.stream(request_id, prompt, max_tokens)

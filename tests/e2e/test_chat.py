@@ -14,7 +14,8 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from schemas.messages import InferenceJob, ReplicaHeartbeat, UsageRecord
+from schemas.heartbeat import ReplicaHeartbeat
+from schemas.messages import InferenceJob, UsageRecord
 from tests.e2e.conftest import IDLE_MODEL, SIM_MODEL, STRICT_MODEL, Stack
 from tests.polling import eventually
 from tests.topic_reading import read_until

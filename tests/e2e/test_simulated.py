@@ -9,7 +9,7 @@ import redis
 
 from llmq import services
 from llmq.bench.sim_server import start_sim_server
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 from tests.e2e.conftest import SIM_MODEL, SIM_POOL, Stack
 from topics import catalog
 

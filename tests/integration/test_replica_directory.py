@@ -9,7 +9,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 from tests.polling import eventually
 from topics import catalog
 from topics.redis_relay import RedisReplicaDirectory

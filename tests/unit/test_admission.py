@@ -13,7 +13,7 @@ from gateway.services.admission import (
     pool_prefill_rate,
     pool_slots,
 )
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import ReplicaState as State
 
 # Defaults: overhead 0.05 s, fallback rate 2,000 tokens/s, SLO 1.0 s.

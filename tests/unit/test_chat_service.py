@@ -19,14 +19,8 @@ from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.routing import PartitionRouter
 from gateway.settings import Deployment
 from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
-from schemas.messages import (
-    CancelEvent,
-    FinishEvent,
-    InferenceJob,
-    ReplicaHeartbeat,
-    TokenEvent,
-    UsageCounts,
-)
+from schemas.heartbeat import ReplicaHeartbeat
+from schemas.messages import CancelEvent, FinishEvent, InferenceJob, TokenEvent, UsageCounts
 from schemas.render import ChatRenderer
 from topics.ports import BacklogAdmission, BucketDecision, JobReceipt
 from topics.redis_relay import RedisReplyRelay

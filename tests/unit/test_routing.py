@@ -10,7 +10,7 @@ from gateway.services.routing import (
     partition_owners,
     replica_loads,
 )
-from schemas.messages import ReplicaHeartbeat
+from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import ReplicaState as State
 
 TOPIC = "llmq.jobs.small.interactive"
