@@ -14,7 +14,7 @@ from gateway.services.admission import (
     pool_slots,
 )
 from schemas.heartbeat import ReplicaHeartbeat
-from schemas.messages import ReplicaState as State
+from schemas.heartbeat import ReplicaState as State
 
 # Defaults: overhead 0.05 s, fallback rate 2,000 tokens/s, SLO 1.0 s.
 CASES = [

@@ -11,7 +11,7 @@ from gateway.services.routing import (
     replica_loads,
 )
 from schemas.heartbeat import ReplicaHeartbeat
-from schemas.messages import ReplicaState as State
+from schemas.heartbeat import ReplicaState as State
 
 TOPIC = "llmq.jobs.small.interactive"
 N = 8
