@@ -8,7 +8,8 @@ drive them with a mock transport; the commands at the end only parse options and
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import httpx
 import typer
@@ -20,6 +21,7 @@ DEFAULT_ADMIN_KEY = "sk-llmq-admin"
 AdminKeyOption = Annotated[
     str, typer.Option("--admin-key", envvar="LLMQ_ADMIN_KEY", help="llmq admin key.")
 ]
+T = TypeVar("T")
 deployments_app = typer.Typer(help="Deployments and their versions (admin API).")
 
 
@@ -144,17 +146,26 @@ def report(exc: Exception) -> int:
     return 1
 
 
+def _call(base_url: str, admin_key: str, request: Callable[[httpx.Client], T]) -> T:
+    """`request` on a client with the admin key; an API or connection error (a stack that is
+    not running) is one line on stderr and exit code 1, not a traceback."""
+    try:
+        with make_client(base_url, admin_key) as client:
+            return request(client)
+    except (AdminApiError, httpx.HTTPError, OSError) as exc:  # httpx's are not OSErrors
+        raise typer.Exit(report(exc)) from exc
+
+
+def _print_table(deployment: dict[str, Any]) -> None:
+    typer.echo("\n".join(format_table([deployment])))
+
+
 @deployments_app.command("list")
 def deployments_list(
     base_url: BaseUrlOption = DEFAULT_BASE_URL, admin_key: AdminKeyOption = DEFAULT_ADMIN_KEY
 ) -> None:
     """Every deployment's versions: arm (stable, canary), state, ready replicas, pool."""
-    try:
-        with make_client(base_url, admin_key) as client:
-            lines = format_table(list_deployments(client))
-    except (AdminApiError, OSError) as exc:
-        raise typer.Exit(report(exc)) from exc
-    typer.echo("\n".join(lines))
+    typer.echo("\n".join(format_table(_call(base_url, admin_key, list_deployments))))
 
 
 @deployments_app.command("show")
@@ -164,12 +175,7 @@ def deployments_show(
     admin_key: AdminKeyOption = DEFAULT_ADMIN_KEY,
 ) -> None:
     """One deployment as the admin API returns it (JSON)."""
-    try:
-        with make_client(base_url, admin_key) as client:
-            deployment = show(client, name)
-    except (AdminApiError, OSError) as exc:
-        raise typer.Exit(report(exc)) from exc
-    typer.echo(json.dumps(deployment, indent=2))
+    typer.echo(json.dumps(_call(base_url, admin_key, lambda c: show(c, name)), indent=2))
 
 
 @deployments_app.command("put")
@@ -202,22 +208,15 @@ def deployments_put(
             replicas_max=replicas_max, weights_uri=weights_uri, sha256=sha256,
             engine_args=engine_arg,
         )  # fmt: skip
-        with make_client(base_url, admin_key) as client:
-            deployment = put(client, name, spec)
-    except (AdminApiError, OSError, ValueError) as exc:
+    except ValueError as exc:
         raise typer.Exit(report(exc)) from exc
-    typer.echo("\n".join(format_table([deployment])))
+    _print_table(_call(base_url, admin_key, lambda c: put(c, name, spec)))
 
 
 def _deployment_action(
     name: str, action: str, base_url: str, admin_key: str, body: dict[str, object] | None = None
 ) -> None:
-    try:
-        with make_client(base_url, admin_key) as client:
-            deployment = act(client, name, action, body)
-    except (AdminApiError, OSError) as exc:
-        raise typer.Exit(report(exc)) from exc
-    typer.echo("\n".join(format_table([deployment])))
+    _print_table(_call(base_url, admin_key, lambda c: act(c, name, action, body)))
 
 
 @deployments_app.command("canary")
@@ -267,9 +266,4 @@ def deployments_scale(
 ) -> None:
     """Run REPLICAS replicas of VERSION of NAME; scale-in drains the replicas it stops."""
     high = max_replicas if max_replicas is not None else replicas
-    try:
-        with make_client(base_url, admin_key) as client:
-            deployment = scale(client, name, version, replicas, high)
-    except (AdminApiError, OSError) as exc:
-        raise typer.Exit(report(exc)) from exc
-    typer.echo("\n".join(format_table([deployment])))
+    _print_table(_call(base_url, admin_key, lambda c: scale(c, name, version, replicas, high)))

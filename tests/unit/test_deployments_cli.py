@@ -65,3 +65,15 @@ def test_an_api_error_carries_the_servers_message() -> None:
     client = httpx.Client(base_url="http://llmq/v1", transport=httpx.MockTransport(handler))
     with pytest.raises(cli.AdminApiError, match="HTTP 409: Version `1` of `m` exists"):
         cli.put(client, "m", {"version": "1", "path": "/m", "pool": "p"})
+
+
+def test_a_stack_that_is_not_running_is_one_line_and_exit_code_1() -> None:
+    from typer.testing import CliRunner
+
+    from llmq import services
+    from llmq.cli import app
+
+    url = f"http://{services.LOCALHOST}:{services.free_port()}/v1"  # nothing listens there
+    result = CliRunner().invoke(app, ["deployments", "list", "--base-url", url])
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("error:") and "Traceback" not in result.output
