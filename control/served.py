@@ -45,6 +45,11 @@ class ServedModels:
         """The servable versions of `name`."""
         return dict(self._versions.get(name, {}))
 
+    def in_rollout(self, name: str) -> bool:
+        """Whether deployment `name` has a canary taking traffic."""
+        traffic = self._traffic.get(name)
+        return traffic is not None and traffic.canary is not None
+
     def find(self, model: str) -> Deployment | None:
         """What `model` names: `name` (its stable version) or `name@version` (that version,
         while it is not retired); None when nothing is served under it."""

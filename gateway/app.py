@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openapi import install_openapi
 from gateway.routers import batches, chat, completions, deployments, files, health, models
 from gateway.services.admission import AdmissionController, TtftPredictor
+from gateway.services.arms import ArmRecorder
 from gateway.services.batches import BatchesService
 from gateway.services.chat import ChatService
 from gateway.services.completions import CompletionService
@@ -46,6 +47,7 @@ from topics.kafka import (
     ensure_topics,
 )
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
@@ -137,8 +139,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             catalog.job_topic(default.pool, "interactive") if default else catalog.USAGE_TOPIC
         )
         cancels = RedisCancelBus(redis)
-        app.state.chat_service = ChatService(intake, relay, cancels, metrics)
-        app.state.completion_service = CompletionService(intake, relay, cancels, metrics)
+        arms = ArmRecorder(RedisArmStats(redis), registry.served)
+        app.state.chat_service = ChatService(intake, relay, cancels, metrics, arms)
+        app.state.completion_service = CompletionService(intake, relay, cancels, metrics, arms)
         app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(

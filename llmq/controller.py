@@ -15,10 +15,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from control.pool_controller import PoolController, VersionKey
 from control.registry import DeploymentRegistry
+from control.rollout import RolloutController
 from schemas.deployment import Deployment
 from schemas.registry import DeploymentVersion
 from topics.kafka import KafkaProducer, ensure_topics
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 
@@ -46,6 +48,9 @@ class ControllerSettings(BaseSettings):
     the registry. Several controllers can split a registry this way (one per cluster)."""
     reconcile_interval_s: float = 1.0
     """How often desired and running replicas are compared."""
+    rollout_interval_s: float = 2.0
+    """How often each canary's arm is judged against the stable one's (step, promote or
+    roll back)."""
     worker_env: dict[str, str] = {}
     """`LLMQ_*` (and engine) environment every worker gets (JSON object): Kafka, Redis, the
     engine, its KV cache; the version adds its model, path, pool, context and precision."""
@@ -100,6 +105,10 @@ class LocalProcessReplicas:
         )
         if version.tpot_slo_s is not None:
             env["LLMQ_TPOT_SLO_S"] = str(version.tpot_slo_s)
+        if version.weights_uri is not None:
+            env["LLMQ_WEIGHTS_URI"] = version.weights_uri
+        if version.sha256 is not None:
+            env["LLMQ_WEIGHTS_SHA256"] = version.sha256
         for key, value in version.engine_args.items():
             if key in SETTINGS_FROM_SPEC:
                 env[f"LLMQ_{key.upper()}"] = str(value)
@@ -160,6 +169,7 @@ async def serve(settings: ControllerSettings) -> None:
         settings.reconcile_interval_s,
         frozenset(settings.managed_deployments),
     )
+    rollouts = RolloutController(registry, RedisArmStats(redis), settings.rollout_interval_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,9 +180,11 @@ async def serve(settings: ControllerSettings) -> None:
         await registry.start()
         await registry.seed(settings.deployments)
         controller.start()
+        rollouts.start()
         log.info("controller_started", deployments=len(registry.records))
         await stop.wait()
     finally:
+        await rollouts.stop()
         await controller.stop()
         await runner.stop_all()
         await registry.stop()

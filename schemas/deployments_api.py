@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.deployment import ReplicaBounds
-from schemas.registry import DeploymentRecord, DeploymentSpec, Lifecycle, TrafficSplit
+from schemas.registry import DeploymentRecord, DeploymentVersion, TrafficSplit
+from schemas.rollout import EvalResult, RolloutEvent, RolloutPolicy
 
 VersionState = Literal["loading", "ready", "draining", "retired"]
 """`loading`: active, no ready replica yet; `ready`: active with one or more; `draining`:
@@ -16,9 +17,7 @@ taking no new requests, finishing its streams; `retired`: gone (its name stays t
 Arm = Literal["stable", "canary", "none"]
 
 
-class DeploymentVersionObject(DeploymentSpec):
-    created_at: int
-    lifecycle: Lifecycle
+class DeploymentVersionObject(DeploymentVersion):
     state: VersionState
     ready_replicas: int
     arm: Arm
@@ -34,6 +33,8 @@ class DeploymentObject(BaseModel):
     updated_at: int
     traffic: TrafficSplit
     versions: list[DeploymentVersionObject]
+    history: list[RolloutEvent]
+    """Its traffic changes, oldest first: canaries, steps, promotions, rollbacks and why."""
 
     @classmethod
     def of(cls, record: DeploymentRecord, ready: dict[str, int]) -> DeploymentObject:
@@ -63,6 +64,7 @@ class DeploymentObject(BaseModel):
             updated_at=record.updated_at,
             traffic=record.traffic,
             versions=versions,
+            history=list(record.history),
         )
 
 
@@ -78,8 +80,23 @@ class CanaryRequest(BaseModel):
 
     version: str
     """A registered, active version other than the stable one."""
-    percent: float = Field(gt=0.0, le=100.0)
-    """Share of the deployment's requests (those not pinned) it takes."""
+    percent: float | None = Field(default=None, gt=0.0, le=100.0)
+    """A fixed share of the deployment's requests (those not pinned) that the canary keeps
+    until an operator promotes or rolls it back (a regression still rolls it back). Omitted:
+    an automatic rollout through `policy.steps` (5% -> 25% -> 100% by default)."""
+    policy: RolloutPolicy | None = None
+    """How the rollout steps and what counts as a regression (defaults: `RolloutPolicy`)."""
+
+
+class EvaluationRequest(BaseModel):
+    """`POST /v1/deployments/{name}:evaluations`: record an evaluation of a version (what
+    `llmq eval` posts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    """The evaluated version."""
+    result: EvalResult
 
 
 class ScaleRequest(BaseModel):

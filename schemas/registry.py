@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.deployment import Deployment, ReplicaBounds
 from schemas.messages import Message
+from schemas.rollout import EvalResult, Rollout, RolloutEvent
 from schemas.tool_parsers import ToolCallParserName
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$"
@@ -82,6 +83,13 @@ class DeploymentVersion(DeploymentSpec):
     created_at: int
     """Unix seconds of registration."""
     lifecycle: Lifecycle = "active"
+    evaluations: tuple[EvalResult, ...] = ()
+    """Its evaluations against other versions, oldest first (the latest ten kept)."""
+
+    def passed_eval(self, reference: str) -> EvalResult | None:
+        """Its latest evaluation against `reference` when that one passed."""
+        latest = next((e for e in reversed(self.evaluations) if e.reference == reference), None)
+        return latest if latest is not None and latest.passed else None
 
 
 class TrafficSplit(BaseModel):
@@ -92,6 +100,8 @@ class TrafficSplit(BaseModel):
     stable: str
     canary: str | None = None
     canary_percent: float = Field(default=0.0, ge=0.0, le=100.0)
+    rollout: Rollout | None = None
+    """The canary's rollout (its steps and how it is judged); None without a canary."""
 
 
 class DeploymentRecord(Message):
@@ -105,6 +115,8 @@ class DeploymentRecord(Message):
     """Every version ever registered, oldest first (retired ones included: names are never
     reused)."""
     traffic: TrafficSplit
+    history: tuple[RolloutEvent, ...] = ()
+    """Its traffic changes, oldest first (the latest fifty kept)."""
     written_by: str
     """The writer's id for this revision: how a writer tells whether its write won."""
     updated_at: int

@@ -22,6 +22,7 @@ from schemas.messages import (
     UsageRecord,
 )
 from schemas.registry import DeploymentRecord
+from schemas.rollout import ArmSample
 from topics.catalog import PriorityClass
 
 ReplyEventT = TokenEvent | FinishEvent | ErrorEvent
@@ -283,4 +284,15 @@ class RegistryLog(Protocol):
 
     def entries(self) -> AsyncIterator[RegistryEntry]:
         """Every entry from the log's start, then new ones as they arrive, until stopped."""
+        ...
+
+
+class ArmStats(Protocol):
+    """Finished requests per deployment version (`name@version`) in rollout, recent ones
+    only: what the rollout controller compares a canary's arm with the stable one's on."""
+
+    async def record(self, ref: str, sample: ArmSample) -> None: ...
+
+    async def since(self, ref: str, since: float) -> list[ArmSample]:
+        """The samples of `ref` that finished at or after `since` (unix seconds)."""
         ...

@@ -16,6 +16,7 @@ from schemas.deployments_api import (
     CanaryRequest,
     DeploymentList,
     DeploymentObject,
+    EvaluationRequest,
     ScaleRequest,
 )
 from schemas.registry import DeploymentSpec
@@ -62,22 +63,28 @@ async def scale_deployment_version(
 
 @router.post("/v1/deployments/{name:path}")
 async def deployment_action(
-    name: str, service: Service, body: CanaryRequest | None = None
+    name: str, service: Service, body: CanaryRequest | EvaluationRequest | None = None
 ) -> DeploymentObject:
-    """`{name}:canary` (body: version, percent), `{name}:promote`, `{name}:rollback`: the
-    path's `name` ends with the action."""
+    """`{name}:canary` (body: version, and percent or policy), `{name}:promote`,
+    `{name}:rollback`, `{name}:evaluations` (body: version, result): the path's `name` ends
+    with the action."""
     target = name
     name, _, action = target.rpartition(":")
     if action == "canary":
-        if body is None:
-            raise ApiError(400, '`:canary` needs a body: {"version", "percent"}.')
-        return await service.canary(name, body.version, body.percent)
+        if not isinstance(body, CanaryRequest):
+            raise ApiError(400, '`:canary` needs a body: {"version", "percent" or "policy"}.')
+        return await service.canary(name, body.version, body.percent, body.policy)
+    if action == "evaluations":
+        if not isinstance(body, EvaluationRequest):
+            raise ApiError(400, '`:evaluations` needs a body: {"version", "result"}.')
+        return await service.record_evaluation(name, body.version, body.result)
     if action == "promote":
         return await service.promote(name)
     if action == "rollback":
         return await service.rollback(name)
     raise ApiError(
         404,
-        f"No action `{target}`: POST /v1/deployments/{{name}}:canary, :promote or :rollback.",
+        f"No action `{target}`: POST /v1/deployments/{{name}}:canary, :promote, :rollback "
+        "or :evaluations.",
         code="unknown_action",
     )

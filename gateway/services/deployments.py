@@ -13,18 +13,19 @@ from collections.abc import Callable
 
 from control.registry import DeploymentRegistry, RegistryConflict, RegistryUnavailable, first_record
 from control.served import Prepare
+from control.traffic import (
+    EVALUATIONS_KEPT,
+    numerics_change,
+    promote,
+    roll_back,
+    start_canary,
+)
 from gateway.errors import ApiError
 from gateway.services.registry import ModelRegistry
 from schemas.deployment import ReplicaBounds
 from schemas.deployments_api import DeploymentList, DeploymentObject
-from schemas.registry import (
-    DeploymentRecord,
-    DeploymentSpec,
-    DeploymentVersion,
-    Lifecycle,
-    TrafficSplit,
-    is_valid_name,
-)
+from schemas.registry import DeploymentRecord, DeploymentSpec, DeploymentVersion, is_valid_name
+from schemas.rollout import EvalResult, Rollout, RolloutPolicy
 
 
 def deployment_not_found(name: str) -> ApiError:
@@ -116,8 +117,20 @@ class DeploymentsService:
 
         return self._object(await self._write(name, change)), created
 
-    async def canary(self, name: str, version: str, percent: float) -> DeploymentObject:
-        """Send `percent` of the deployment's requests (those not pinned) to `version`."""
+    async def canary(
+        self,
+        name: str,
+        version: str,
+        percent: float | None = None,
+        policy: RolloutPolicy | None = None,
+    ) -> DeploymentObject:
+        """Start a rollout of `version`: a fixed `percent` of the deployment's requests (those
+        not pinned), or, without one, the policy's steps (5% -> 25% -> 100%), each taken by
+        the rollout controller while the canary is as healthy as the stable version."""
+        chosen = policy or RolloutPolicy()
+        if percent is not None:
+            chosen = chosen.model_copy(update={"steps": (percent,), "auto_promote": False})
+        rollout = Rollout(policy=chosen, step_started_at=self._now())
 
         def change(current: DeploymentRecord | None) -> DeploymentRecord:
             record = _existing(name, current)
@@ -136,20 +149,34 @@ class DeploymentsService:
                     code="canary_in_progress",
                 )
             stable = record.version(record.traffic.stable)
-            if stable is not None and candidate.precision != stable.precision:
+            if stable is not None:
+                _require_eval(name, candidate, stable)
+            return start_canary(record, version, rollout)
+
+        return self._object(await self._write(name, change))
+
+    async def record_evaluation(
+        self, name: str, version: str, result: EvalResult
+    ) -> DeploymentObject:
+        """Keep an evaluation of `version` against `result.reference` in its record (the
+        latest ten); a passing one against the stable version opens the eval gate."""
+
+        def change(current: DeploymentRecord | None) -> DeploymentRecord:
+            record = _existing(name, current)
+            evaluated = _live_version(record, version)
+            if record.version(result.reference) is None:
                 raise ApiError(
-                    409,
-                    f"Version `{version}` runs in {candidate.precision}, the stable version "
-                    f"in {stable.precision}: a change of numerics must pass the evaluation "
-                    "suite against the stable version before it takes traffic, and no "
-                    "passing evaluation of it is recorded.",
-                    param="version",
-                    code="eval_required",
+                    404,
+                    f"`{name}` has no version `{result.reference}` to compare with.",
+                    param="result.reference",
+                    code="version_not_found",
                 )
-            traffic = TrafficSplit(
-                stable=record.traffic.stable, canary=version, canary_percent=percent
+            kept = (*evaluated.evaluations, result)[-EVALUATIONS_KEPT:]
+            versions = tuple(
+                v.model_copy(update={"evaluations": kept}) if v.version == version else v
+                for v in record.versions
             )
-            return record.model_copy(update={"traffic": traffic})
+            return record.model_copy(update={"versions": versions})
 
         return self._object(await self._write(name, change))
 
@@ -174,14 +201,8 @@ class DeploymentsService:
 
         def change(current: DeploymentRecord | None) -> DeploymentRecord:
             record = _existing(name, current)
-            canary = _current_canary(record)
-            old = record.traffic.stable
-            return record.model_copy(
-                update={
-                    "traffic": TrafficSplit(stable=canary),
-                    "versions": _with_lifecycle(record, old, "draining"),
-                }
-            )
+            _current_canary(record)
+            return promote(record, self._now(), "operator")
 
         return self._object(await self._write(name, change))
 
@@ -190,13 +211,8 @@ class DeploymentsService:
 
         def change(current: DeploymentRecord | None) -> DeploymentRecord:
             record = _existing(name, current)
-            canary = _current_canary(record)
-            return record.model_copy(
-                update={
-                    "traffic": TrafficSplit(stable=record.traffic.stable),
-                    "versions": _with_lifecycle(record, canary, "draining"),
-                }
-            )
+            _current_canary(record)
+            return roll_back(record, self._now(), "operator")
 
         return self._object(await self._write(name, change))
 
@@ -247,10 +263,34 @@ def _current_canary(record: DeploymentRecord) -> str:
     return record.traffic.canary
 
 
-def _with_lifecycle(
-    record: DeploymentRecord, version: str, lifecycle: Lifecycle
-) -> tuple[DeploymentVersion, ...]:
-    return tuple(
-        v.model_copy(update={"lifecycle": lifecycle}) if v.version == version else v
-        for v in record.versions
+def _require_eval(name: str, candidate: DeploymentVersion, stable: DeploymentVersion) -> None:
+    """Refuse traffic to a version whose numerics differ from the stable one's until it has
+    passed the evaluation suite against it."""
+    change = numerics_change(candidate, stable)
+    if change is None or candidate.passed_eval(stable.version) is not None:
+        return
+    latest = next(
+        (e for e in reversed(candidate.evaluations) if e.reference == stable.version), None
     )
+    found = (
+        "no evaluation of it against that version is recorded"
+        if latest is None
+        else f"its latest evaluation against it failed ({_failures(latest)})"
+    )
+    raise ApiError(
+        409,
+        f"Version `{candidate.version}` {change}: a change of numerics must pass the "
+        f"evaluation suite against the stable version `{stable.version}` before it takes "
+        f"traffic, and {found}. Run `llmq eval {name}@{candidate.version}`.",
+        param="version",
+        code="eval_required",
+    )
+
+
+def _failures(result: EvalResult) -> str:
+    failed = [
+        f"{metric} {result.scores.get(metric, 0.0):.2f}, needs {bound:.2f}"
+        for metric, bound in result.thresholds.items()
+        if result.scores.get(metric, 0.0) < bound
+    ]
+    return "; ".join(failed) or "see its scores"

@@ -18,6 +18,7 @@ import structlog
 from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.services.admission import TtftPrediction
+from gateway.services.arms import ArmRecorder
 from gateway.services.intake import AdmittedJob, JobIntake
 from schemas.deployment import version_ref
 from schemas.generation import ServiceTier
@@ -80,8 +81,10 @@ class JobRelay:
         relay: ReplyRelay,
         cancels: CancelBus,
         metrics: GatewayMetrics,
+        arms: ArmRecorder | None = None,
     ) -> None:
         self._intake = intake
+        self._arms = arms
         self._relay = relay
         self._cancels = cancels
         self._metrics = metrics
@@ -209,9 +212,13 @@ class JobRelay:
         self._metrics.requests.labels(model, active.outcome).inc()
         now = time.time()
         self._metrics.e2e.labels(model).observe(now - active.arrived)
+        ttft = active.first_token_at - active.arrived if active.first_token_at else None
+        tpot = None
         if active.first_token_at and active.last_token_at and active.tokens > 1:
             tpot = (active.last_token_at - active.first_token_at) / (active.tokens - 1)
             self._metrics.tpot.labels(model).observe(tpot)
+        if self._arms is not None:
+            self._arms.finished(job, active.outcome, ttft, tpot)
         log.info(
             "request_finished",
             request_id=job.request_id,
@@ -219,9 +226,7 @@ class JobRelay:
             model=model,
             outcome=active.outcome,
             completion_tokens=active.tokens,
-            ttft_s=round(active.first_token_at - active.arrived, 4)
-            if active.first_token_at
-            else None,
+            ttft_s=None if ttft is None else round(ttft, 4),
             e2e_s=round(now - active.arrived, 4),
             predicted_ttft_s=_rounded(active.prediction),
         )

@@ -14,6 +14,7 @@ from gateway.services.deployments import DeploymentsService
 from gateway.services.registry import ModelRegistry, ReplicaView
 from schemas.deployment import Deployment
 from schemas.registry import DeploymentRecord, DeploymentSpec, DeploymentVersion, split_model
+from schemas.rollout import EvalResult
 from topics.ports import RegistryEntry
 
 
@@ -292,6 +293,51 @@ async def test_a_change_of_numerics_cannot_take_canary_traffic_without_a_passing
         with pytest.raises(ApiError) as gated:
             await service.canary("m", "fp16", 5)
         assert gated.value.status == 409 and gated.value.code == "eval_required"
+        assert "llmq eval m@fp16" in gated.value.message
+
+        def result(passed: bool, reference: str = "1") -> EvalResult:
+            scores = {"exact_match": 0.95 if passed else 0.2}
+            return EvalResult(
+                suite="default@1", reference=reference, passed=passed, scores=scores,
+                thresholds={"exact_match": 0.8}, prompts=20, ran_at=1.0,
+            )  # fmt: skip
+
+        await service.record_evaluation("m", "fp16", result(False))
+        with pytest.raises(ApiError) as failed:
+            await service.canary("m", "fp16", 5)
+        assert "exact_match 0.20, needs 0.80" in failed.value.message
+        with pytest.raises(ApiError) as unknown:
+            await service.record_evaluation("m", "fp16", result(True, reference="9"))
+        assert unknown.value.code == "version_not_found"
+        await service.record_evaluation("m", "fp16", result(True))
+        opened = await service.canary("m", "fp16", 5)
+        assert opened.traffic.canary == "fp16"
+        assert [e.passed for e in opened.versions[1].evaluations] == [False, True]
+    finally:
+        await registry.stop()
+
+
+async def test_same_numerics_need_no_eval_and_each_traffic_change_is_in_the_history() -> None:
+    service, _, registry = await _service(MemoryRegistryLog())
+    try:
+        await service.put("m", _spec("1", "p1"))
+        await service.put("m", _spec("2", "p2"))
+        auto = await service.canary("m", "2")
+        assert auto.traffic.canary_percent == 5 and auto.traffic.rollout is not None
+        assert auto.traffic.rollout.policy.steps == (5, 25, 100)
+        await service.rollback("m")
+        await service.put("m", _spec("3", "p3"))
+        fixed = await service.canary("m", "3", 30)
+        assert fixed.traffic.rollout is not None
+        assert fixed.traffic.rollout.policy.steps == (30,)
+        assert not fixed.traffic.rollout.policy.auto_promote
+        done = await service.promote("m")
+        assert [(e.action, e.version, e.by) for e in done.history] == [
+            ("canary", "2", "operator"),
+            ("rolled_back", "2", "operator"),
+            ("canary", "3", "operator"),
+            ("promoted", "3", "operator"),
+        ]
     finally:
         await registry.stop()
 
