@@ -18,14 +18,23 @@ NUMERICS_ENGINE_ARGS = ("quantization", "kv_cache_dtype", "dtype")
 
 
 def numerics_change(candidate: DeploymentVersion, reference: DeploymentVersion) -> str | None:
-    """How `candidate` computes differently from `reference` (None: the same numerics). Such
-    a version must pass the evaluation suite against the reference before it takes traffic."""
+    """How `candidate` computes differently from `reference` (None: the same numerics): other
+    precision, other weights (a rebuild, a quantisation, a conversion) or engine arguments
+    that change numerics. Such a version must pass the evaluation suite against the reference
+    before it takes traffic. (A different model is a new deployment, not a version.)"""
     if candidate.precision != reference.precision:
         return f"runs in {candidate.precision}, the stable version in {reference.precision}"
+    if _weights(candidate) != _weights(reference):
+        return "loads other weights than the stable version"
     for arg in NUMERICS_ENGINE_ARGS:
         if candidate.engine_args.get(arg) != reference.engine_args.get(arg):
             return f"sets engine argument `{arg}` differently from the stable version"
     return None
+
+
+def _weights(version: DeploymentVersion) -> str:
+    """What names a version's weights: their SHA-256 when known, else where they are."""
+    return version.sha256 or version.weights_uri or version.path
 
 
 def _event(

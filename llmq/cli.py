@@ -11,6 +11,8 @@ import typer
 from llmq.bench.commands import bench_app
 from llmq.cli_options import DEFAULT_BASE_URL, BaseUrlOption
 from llmq.deployments_cli import deployments_app
+from llmq.eval_cli import eval_command
+from llmq.weights_cli import weights_app
 
 app = typer.Typer(help="llmq: a queue-centric, OpenAI-compatible LLM inference platform.")
 topics_app = typer.Typer(help="Kafka topics.")
@@ -23,6 +25,8 @@ app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="bench")
 app.add_typer(batch_app, name="batch")
 app.add_typer(deployments_app, name="deployments")
+app.add_typer(weights_app, name="weights")
+app.command("eval")(eval_command)
 
 ApiKeyOption = Annotated[
     str,

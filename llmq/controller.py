@@ -8,11 +8,13 @@ import asyncio
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from control.k8s_manifests import KubernetesSettings, version_env
 from control.pool_controller import PoolController, VersionKey
 from control.registry import DeploymentRegistry
 from control.rollout import RolloutController
@@ -24,10 +26,10 @@ from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 
-log = structlog.get_logger()
+if TYPE_CHECKING:
+    from control.kubernetes_replicas import KubernetesReplicas
 
-SETTINGS_FROM_SPEC = ("max_num_seqs", "kv_cache_gib", "tpot_slo_s", "batch_max_in_flight")
-"""`engine_args` a version may set for its workers (their `LLMQ_*` settings)."""
+log = structlog.get_logger()
 
 
 class ControllerSettings(BaseSettings):
@@ -62,6 +64,9 @@ class ControllerSettings(BaseSettings):
     """How long a stopped worker may drain before it is killed."""
     log_json: bool = False
     """JSON logs (production) instead of console logs (development)."""
+    replica_runner: Literal["local", "kubernetes"] = "local"
+    """Where replicas run: `local`, as worker processes on this machine (`llmq dev up`);
+    `kubernetes`, as a Deployment per version in a cluster (its `LLMQ_K8S_*` settings)."""
 
 
 class LocalProcessReplicas:
@@ -92,28 +97,8 @@ class LocalProcessReplicas:
         return f"{pool}-dev-{index}"
 
     def worker_env(self, name: str, version: DeploymentVersion, replica_id: str) -> dict[str, str]:
-        env = dict(self._settings.worker_env)
-        env.update(
-            {
-                "LLMQ_MODEL": name,
-                "LLMQ_MODEL_PATH": version.path,
-                "LLMQ_POOL": version.pool,
-                "LLMQ_MAX_MODEL_LEN": str(version.max_model_len),
-                "LLMQ_DTYPE": version.precision,
-                "LLMQ_REPLICA_ID": replica_id,
-            }
-        )
-        if version.tpot_slo_s is not None:
-            env["LLMQ_TPOT_SLO_S"] = str(version.tpot_slo_s)
-        if version.weights_uri is not None:
-            env["LLMQ_WEIGHTS_URI"] = version.weights_uri
-        if version.sha256 is not None:
-            env["LLMQ_WEIGHTS_SHA256"] = version.sha256
-        for key, value in version.engine_args.items():
-            if key in SETTINGS_FROM_SPEC:
-                env[f"LLMQ_{key.upper()}"] = str(value)
-            else:
-                log.warning("engine_arg_not_applied", deployment=name, arg=key)
+        env = version_env(name, version, self._settings.worker_env)
+        env["LLMQ_REPLICA_ID"] = replica_id
         return env
 
     async def start(self, name: str, version: DeploymentVersion) -> None:
@@ -151,6 +136,26 @@ class LocalProcessReplicas:
         self._stopping.shutdown(wait=True)
 
 
+async def replica_runner(
+    settings: ControllerSettings,
+) -> LocalProcessReplicas | KubernetesReplicas:
+    """The `ReplicaRunner` that `settings.replica_runner` names; the Kubernetes one connected
+    (`LLMQ_K8S_*`) and with what runs loaded, so a restarted controller adopts its replicas."""
+    if settings.replica_runner == "local":
+        return LocalProcessReplicas(settings)
+    from control.kubernetes_replicas import KubernetesReplicas
+
+    async def prepare(version: DeploymentVersion) -> None:
+        bootstrap, partitions = settings.kafka_bootstrap, settings.job_topic_partitions
+        await ensure_topics(bootstrap, [version.pool], partitions)
+
+    runner = await asyncio.to_thread(
+        KubernetesReplicas.connect, KubernetesSettings(), settings.worker_env, prepare
+    )
+    await runner.load()
+    return runner
+
+
 async def serve(settings: ControllerSettings) -> None:
     """Run until SIGTERM or SIGINT, then drain and stop every worker this controller runs."""
     client_id = "llmq-controller"
@@ -161,7 +166,7 @@ async def serve(settings: ControllerSettings) -> None:
     )
     registry = DeploymentRegistry(registry_log)
     redis = connect_redis(settings.redis_url)
-    runner = LocalProcessReplicas(settings)
+    runner = await replica_runner(settings)
     controller = PoolController(
         registry,
         runner,

@@ -8,6 +8,7 @@ drive them with a mock transport; the commands at the end only parse options and
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -156,8 +157,21 @@ def _call(base_url: str, admin_key: str, request: Callable[[httpx.Client], T]) -
         raise typer.Exit(report(exc)) from exc
 
 
+def format_history(deployment: dict[str, Any], last: int = 5) -> list[str]:
+    """The deployment's latest traffic changes: when, what, by whom, why."""
+    lines = []
+    for event in deployment.get("history", [])[-last:]:
+        at = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+        reason = f": {event['reason']}" if event.get("reason") else ""
+        lines.append(
+            f"{at} {event['action']} {event['version']} -> {event['percent']:g}% "
+            f"by {event['by']}{reason}"
+        )
+    return lines
+
+
 def _print_table(deployment: dict[str, Any]) -> None:
-    typer.echo("\n".join(format_table([deployment])))
+    typer.echo("\n".join(format_table([deployment]) + format_history(deployment)))
 
 
 @deployments_app.command("list")
@@ -223,14 +237,43 @@ def _deployment_action(
 def deployments_canary(
     name: str,
     version: Annotated[str, typer.Option(help="The version to send a share of traffic.")],
-    percent: Annotated[float, typer.Option(min=0.0, max=100.0, help="Its share, in %.")],
+    percent: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=100.0,
+            help="A fixed share, in %, held until you promote or roll "
+            "back. Omitted: an automatic rollout through --steps.",
+        ),
+    ] = None,
+    steps: Annotated[
+        str | None, typer.Option(help="The automatic rollout's shares, e.g. 5,25,100.")
+    ] = None,
+    min_step_s: Annotated[
+        float | None, typer.Option(help="Least seconds per step of the automatic rollout.")
+    ] = None,
+    min_requests: Annotated[
+        int | None, typer.Option(help="Requests each arm needs before a step is judged.")
+    ] = None,
     base_url: BaseUrlOption = DEFAULT_BASE_URL,
     admin_key: AdminKeyOption = DEFAULT_ADMIN_KEY,
 ) -> None:
-    """Send PERCENT of NAME's requests (those not pinned) to VERSION."""
-    _deployment_action(
-        name, "canary", base_url, admin_key, {"version": version, "percent": percent}
-    )
+    """Start a rollout of VERSION of NAME: PERCENT of its requests (those not pinned), or
+    steps taken by the controller while the canary is as healthy as the stable version
+    (TTFT, TPOT, errors). A regression rolls it back either way."""
+    body: dict[str, object] = {"version": version}
+    if percent is not None:
+        body["percent"] = percent
+    policy: dict[str, object] = {}
+    if steps is not None:
+        policy["steps"] = [float(s) for s in steps.split(",") if s.strip()]
+    if min_step_s is not None:
+        policy["min_step_s"] = min_step_s
+    if min_requests is not None:
+        policy["min_requests"] = min_requests
+    if policy:
+        body["policy"] = policy
+    _deployment_action(name, "canary", base_url, admin_key, body)
 
 
 @deployments_app.command("promote")

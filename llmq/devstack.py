@@ -108,6 +108,9 @@ def _worker_env(settings: DevStackSettings, bootstrap: str) -> dict[str, str]:
         "LLMQ_HEALTH_PROBE_TIMEOUT_S": str(settings.health_probe_timeout_s),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
         "LLMQ_ENGINE": settings.engine,
+        # Versions with a `weights_uri` fetch them from the stack's S3 server.
+        "LLMQ_S3_ENDPOINT_URL": f"http://{LOCALHOST}:{settings.s3_port}",
+        **_s3_credentials(),
     }
     if settings.engine == "simulated":
         return env
@@ -136,7 +139,13 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team, **settings.extra_api_keys}),
         "LLMQ_ADMIN_KEYS": json.dumps([settings.admin_key]),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
-        # moto accepts any credentials; real ones in the environment win.
+        **_s3_credentials(),
+    }
+
+
+def _s3_credentials() -> dict[str, str]:
+    """moto accepts any credentials; real ones in the environment win."""
+    return {
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "llmq-dev"),
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "llmq-dev"),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),

@@ -28,6 +28,12 @@ log = structlog.get_logger()
 
 TINY_LLAMA = "tiny-llama"
 SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_NOISY = "smollm2-135m-instruct-noisy"
+"""SMOLLM2 with seeded noise added to its weights: a genuinely degraded build, which the
+evaluation suite must refuse."""
+NOISE_SEED = 7
+NOISE_SCALE = 0.25
+"""Gaussian noise per weight matrix, as a share of that matrix's standard deviation."""
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -193,6 +199,27 @@ def build_smollm2(dest: Path) -> Path:
     return dest
 
 
+def build_smollm2_noisy(dest: Path) -> Path:
+    """SmolLM2's weights plus seeded Gaussian noise (`NOISE_SCALE` of each matrix's standard
+    deviation): it loads and runs like the original and answers worse."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source = ensure_model(SMOLLM2, dest.parent)  # `dest` is a temporary folder beside it
+    shutil.copytree(source, dest, dirs_exist_ok=True)
+    (dest / _DONE_MARKER).unlink(missing_ok=True)
+    weights = dest / "model.safetensors"
+    tensors = load_file(str(weights))
+    generator = torch.Generator().manual_seed(NOISE_SEED)
+    for key, tensor in tensors.items():
+        if tensor.dim() >= 2 and tensor.is_floating_point():
+            as_float = tensor.float()
+            noise = torch.randn(as_float.shape, generator=generator) * as_float.std()
+            tensors[key] = (as_float + NOISE_SCALE * noise).to(tensor.dtype)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return dest
+
+
 def _portable_tokenizer_config(folder: Path) -> None:
     """Name the tokenizer class so both transformers 4.x and 5.x load it as a fast tokenizer."""
     config_path = folder / "tokenizer_config.json"
@@ -212,6 +239,7 @@ def _strip_quantization(config_path: Path) -> None:
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     TINY_LLAMA: build_tiny_model,
     SMOLLM2: build_smollm2,
+    SMOLLM2_NOISY: build_smollm2_noisy,
 }
 
 

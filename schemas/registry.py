@@ -86,9 +86,21 @@ class DeploymentVersion(DeploymentSpec):
     evaluations: tuple[EvalResult, ...] = ()
     """Its evaluations against other versions, oldest first (the latest ten kept)."""
 
+    def latest_eval(self, reference: str) -> EvalResult | None:
+        """Its latest suite evaluation against `reference`."""
+        return next(
+            (
+                e
+                for e in reversed(self.evaluations)
+                if e.reference == reference and e.kind == "suite"
+            ),
+            None,
+        )
+
     def passed_eval(self, reference: str) -> EvalResult | None:
-        """Its latest evaluation against `reference` when that one passed."""
-        latest = next((e for e in reversed(self.evaluations) if e.reference == reference), None)
+        """Its latest suite evaluation against `reference` when that one passed (a shadow
+        run only measures agreement on live prompts: it adds evidence, opens no gate)."""
+        latest = self.latest_eval(reference)
         return latest if latest is not None and latest.passed else None
 
 

@@ -1,15 +1,20 @@
-"""The worker process entry point: settings, the vLLM engine, signals."""
+"""The worker process entry point: settings, verified weights, the vLLM engine, signals."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
+import structlog
 import uvloop
 
 from workers.engine.port import EngineClient
 from workers.settings import WorkerSettings
+from workers.weights import WeightsCache, WeightsError, verify_folder
 from workers.worker import Worker, WorkerUnhealthy
+
+log = structlog.get_logger()
 
 
 def build_engine(settings: WorkerSettings) -> EngineClient:
@@ -58,11 +63,37 @@ async def serve(settings: WorkerSettings, engine: EngineClient) -> None:
     await worker.run()
 
 
+async def weights_folder(settings: WorkerSettings) -> str:
+    """The folder the engine loads: the node's verified copy of `weights_uri`, else
+    `model_path` (checked against `weights_sha256` when set). Raises `WeightsError`."""
+    sha256 = settings.weights_sha256
+    if settings.weights_uri is None:
+        if sha256 is not None:
+            await asyncio.to_thread(verify_folder, Path(settings.model_path), sha256)
+        return settings.model_path
+    if sha256 is None:
+        raise WeightsError("LLMQ_WEIGHTS_URI is set without LLMQ_WEIGHTS_SHA256")
+    from workers.s3_weights import S3WeightsSource
+
+    async with S3WeightsSource(endpoint_url=settings.s3_endpoint_url) as source:
+        cache = WeightsCache(Path(settings.weights_cache_dir), source)
+        return str(await cache.ensure(settings.weights_uri, sha256))
+
+
 UNHEALTHY_EXIT_CODE = 3
+WEIGHTS_EXIT_CODE = 4
 
 
 def run_worker(settings: WorkerSettings) -> None:
-    """Serve; an unhealthy engine exits with code 3 for the supervisor to restart."""
+    """Serve; an unhealthy engine exits with code 3 for the supervisor to restart, weights
+    that do not verify with code 4 before any engine is built on them."""
+    if settings.engine == "vllm":  # a simulated engine loads no weights
+        try:
+            path = uvloop.run(weights_folder(settings))
+        except WeightsError as exc:
+            log.error("weights_refused", error=str(exc))
+            raise SystemExit(WEIGHTS_EXIT_CODE) from None
+        settings = settings.model_copy(update={"model_path": path})
     try:
         uvloop.run(serve(settings, build_engine(settings)))  # as vLLM's own server runs
     except WorkerUnhealthy:

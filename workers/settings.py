@@ -22,6 +22,20 @@ class WorkerSettings(BaseSettings):
     """The model name this worker serves (what callers put in `model`)."""
     model_path: str = ""
     """Folder with the model's weights, config and tokenizer."""
+    weights_uri: str | None = None
+    """Where the weights are (`s3://bucket/prefix`, a whole model folder: config, tokenizer
+    and weights); the engine then loads their verified copy in `weights_cache_dir` instead of
+    `model_path`. None: `model_path` holds them. The controller sets it from the version."""
+    weights_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The weights' digest (`llmq weights digest`); required with `weights_uri`, and checked
+    on `model_path` when set without it. Weights that do not match are never served: the
+    worker exits with code 4."""
+    weights_cache_dir: str = ".llmq/weights"
+    """This node's cache of weights fetched from `weights_uri` (one folder per sha256),
+    shared by its workers: the first downloads and verifies, the others reuse."""
+    s3_endpoint_url: str | None = None
+    """S3 API endpoint for `weights_uri` (the gateway's and batch's setting of that name);
+    None means AWS's default endpoint."""
     engine: Literal["vllm", "simulated"] = "vllm"
     """What runs the jobs: ``vllm`` (the real engine on `model_path`), or ``simulated``: a
     SIMULATED GPU replica (`sim_gpu` x `sim_tensor_parallel` serving `sim_model`, step times

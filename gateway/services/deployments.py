@@ -269,11 +269,9 @@ def _require_eval(name: str, candidate: DeploymentVersion, stable: DeploymentVer
     change = numerics_change(candidate, stable)
     if change is None or candidate.passed_eval(stable.version) is not None:
         return
-    latest = next(
-        (e for e in reversed(candidate.evaluations) if e.reference == stable.version), None
-    )
+    latest = candidate.latest_eval(stable.version)
     found = (
-        "no evaluation of it against that version is recorded"
+        "no suite evaluation of it against that version is recorded"
         if latest is None
         else f"its latest evaluation against it failed ({_failures(latest)})"
     )

@@ -1,6 +1,7 @@
 """The pool controller process on the real broker and Redis, with SIMULATED engine workers:
-a registered version gets its replica, a rolled-back canary drains and retires, and requests
-keep succeeding through all of it."""
+a registered version gets its replica, a rolled-back canary drains and retires, a canary that
+regresses is rolled back by the rollout controller and a healthy one is promoted by it, and
+requests keep succeeding through all of it."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def stack(
         "LLMQ_WORKER_LOG_DIR": str(logs),
         "LLMQ_MANAGED_DEPLOYMENTS": json.dumps([NAME]),
         "LLMQ_RECONCILE_INTERVAL_S": "0.2",
+        "LLMQ_ROLLOUT_INTERVAL_S": "0.2",
     }
     port = services.free_port()
     gateway_env = {
@@ -114,3 +116,69 @@ async def test_versions_get_replicas_and_a_rolled_back_canary_drains_and_retires
                 states, lambda s, n=replicas: s["1"] == ("ready", n), within=60, interval=0.2
             )
             assert await served() == {f"{NAME}@1"}
+
+
+async def _rollout(
+    stack: dict[str, Any], version: str, engine_args: dict[str, Any]
+) -> dict[str, Any]:
+    """Register `version`, start an automatic rollout of it (20% then 100%, judged on 5
+    requests per arm), send requests until the rollout controller decides, and return the
+    deployment as it decided."""
+    admin = httpx.AsyncClient(
+        base_url=f"{stack['url']}/v1", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    team = httpx.AsyncClient(
+        base_url=f"{stack['url']}/v1", headers={"Authorization": f"Bearer {TEAM_KEY}"}
+    )
+    async with admin, team:
+
+        async def deployment() -> dict[str, Any]:
+            body: dict[str, Any] = (await admin.get(f"/deployments/{NAME}")).json()
+            return body
+
+        def state(body: dict[str, Any]) -> str:
+            return next(v["state"] for v in body["versions"] if v["version"] == version)
+
+        spec = {"version": version, "path": stack["path"], "pool": f"ctl-{version}",
+                "max_model_len": 1024, "ttft_slo_s": 30, "engine_args": engine_args}  # fmt: skip
+        assert (await admin.put(f"/deployments/{NAME}", json=spec)).status_code == 200
+        await eventually(deployment, lambda d: state(d) == "ready", within=60, interval=0.2)
+        policy = {"steps": [20, 100], "min_requests": 5, "min_step_s": 0}
+        started = await admin.post(
+            f"/deployments/{NAME}:canary", json={"version": version, "policy": policy}
+        )
+        assert started.status_code == 200, started.text
+        assert started.json()["traffic"]["canary_percent"] == 20
+        served: dict[str, int] = {}
+        for i in range(200):
+            chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8, "user": f"caller-{i}"}  # fmt: skip
+            response = await team.post("/chat/completions", json=chat)
+            assert response.status_code == 200, response.text
+            fingerprint = response.json()["system_fingerprint"]
+            served[fingerprint] = served.get(fingerprint, 0) + 1
+            decided = await deployment()
+            if decided["traffic"]["canary"] is None:
+                assert served.get(f"{NAME}@{version}", 0) >= 5  # judged on its own requests
+                return decided
+        raise AssertionError(f"no decision after 200 requests: {served}")
+
+
+async def test_the_rollout_controller_rolls_back_a_canary_that_regresses(
+    stack: dict[str, Any],
+) -> None:
+    # The injected regression: the canary's simulated GPU runs 20 times slower.
+    decided = await _rollout(stack, "slow", {"sim_time_scale": 0.05})
+    assert decided["traffic"]["stable"] != "slow"
+    assert [v["state"] for v in decided["versions"] if v["version"] == "slow"] != ["ready"]
+    last = decided["history"][-1]
+    assert (last["action"], last["version"], last["by"]) == ("rolled_back", "slow", "controller")
+    assert "p95" in last["reason"] and "x stable" in last["reason"]
+
+
+async def test_the_rollout_controller_promotes_a_healthy_canary(stack: dict[str, Any]) -> None:
+    decided = await _rollout(stack, "same", {})
+    assert decided["traffic"]["stable"] == "same"
+    last = decided["history"][-1]
+    assert (last["action"], last["by"]) == ("promoted", "controller")
+    assert "canary: " in last["reason"] and "stable: " in last["reason"]

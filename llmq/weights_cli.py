@@ -1,0 +1,60 @@
+"""`llmq weights`: a model folder's digest, and pushing the folder to object storage for a
+deployment version's `weights_uri` and `sha256` (see `workers.weights` for the digest)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workers.weights import WeightsError, folder_digest
+
+weights_app = typer.Typer(help="Model weights in object storage: digest a folder, push it.")
+
+FolderArgument = Annotated[
+    Path,
+    typer.Argument(exists=True, file_okay=False, dir_okay=True, help="The model folder."),
+]
+
+
+@weights_app.command()
+def digest(path: FolderArgument) -> None:
+    """Print the folder's sha256 (what a deployment version's `sha256` pins)."""
+    typer.echo(folder_digest(path))
+
+
+async def push_folder(path: Path, uri: str, endpoint_url: str | None) -> str:
+    """Upload `path` under `uri` (credentials from the environment); returns its sha256."""
+    from workers.s3_weights import S3WeightsSource
+
+    sha256 = await asyncio.to_thread(folder_digest, path)
+    async with S3WeightsSource(endpoint_url=endpoint_url) as source:
+        await source.push(path, uri)
+    return sha256
+
+
+@weights_app.command()
+def push(
+    path: FolderArgument,
+    uri: Annotated[str, typer.Argument(help="Where to put it: s3://bucket/prefix (new).")],
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint-url", envvar="LLMQ_S3_ENDPOINT_URL", help="S3 API endpoint (not AWS)."
+        ),
+    ] = None,
+) -> None:
+    """Upload the folder; print the deployment spec's `weights_uri` and `sha256` (JSON; or
+    `llmq deployments put --weights-uri ... --sha256 ...`)."""
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False)  # logs to stderr: stdout carries only the JSON
+    try:
+        sha256 = asyncio.run(push_folder(path, uri, endpoint_url))
+    except WeightsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"weights_uri": uri, "sha256": sha256}))
