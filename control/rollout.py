@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ log = structlog.get_logger()
 
 
 def p95(values: Sequence[float]) -> float | None:
+    """The nearest-rank 95th percentile: from 20 values on, one outlier (a version's first
+    request, which pays for connections and metadata) is not the answer."""
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)
@@ -169,4 +172,5 @@ class RolloutController:
             percent=traffic.canary_percent,
             canary_requests=canary.requests,
             stable_requests=stable.requests,
+            reason=verdict.reason,
         )

@@ -121,7 +121,7 @@ async def test_versions_get_replicas_and_a_rolled_back_canary_drains_and_retires
 async def _rollout(
     stack: dict[str, Any], version: str, engine_args: dict[str, Any]
 ) -> dict[str, Any]:
-    """Register `version`, start an automatic rollout of it (20% then 100%, judged on 5
+    """Register `version`, start an automatic rollout of it (20% then 100%, judged on 20
     requests per arm), send requests until the rollout controller decides, and return the
     deployment as it decided."""
     admin = httpx.AsyncClient(
@@ -143,14 +143,14 @@ async def _rollout(
                 "max_model_len": 1024, "ttft_slo_s": 30, "engine_args": engine_args}  # fmt: skip
         assert (await admin.put(f"/deployments/{NAME}", json=spec)).status_code == 200
         await eventually(deployment, lambda d: state(d) == "ready", within=60, interval=0.2)
-        policy = {"steps": [20, 100], "min_requests": 5, "min_step_s": 0}
+        policy = {"steps": [20, 100], "min_requests": 20, "min_step_s": 0}
         started = await admin.post(
             f"/deployments/{NAME}:canary", json={"version": version, "policy": policy}
         )
         assert started.status_code == 200, started.text
         assert started.json()["traffic"]["canary_percent"] == 20
         served: dict[str, int] = {}
-        for i in range(200):
+        for i in range(400):
             chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 8, "user": f"caller-{i}"}  # fmt: skip
             response = await team.post("/chat/completions", json=chat)
@@ -159,9 +159,9 @@ async def _rollout(
             served[fingerprint] = served.get(fingerprint, 0) + 1
             decided = await deployment()
             if decided["traffic"]["canary"] is None:
-                assert served.get(f"{NAME}@{version}", 0) >= 5  # judged on its own requests
+                assert served.get(f"{NAME}@{version}", 0) >= 20  # judged on its own requests
                 return decided
-        raise AssertionError(f"no decision after 200 requests: {served}")
+        raise AssertionError(f"no decision after 400 requests: {served}")
 
 
 async def test_the_rollout_controller_rolls_back_a_canary_that_regresses(

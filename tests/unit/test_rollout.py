@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from control.registry import DeploymentRegistry, first_record
-from control.rollout import ArmSummary, RolloutController, judge
+from control.rollout import ArmSummary, RolloutController, judge, p95
 from control.traffic import start_canary
 from schemas.registry import DeploymentRecord, DeploymentVersion
 from schemas.rollout import ArmSample, Rollout, RolloutPolicy
@@ -137,3 +137,9 @@ async def test_a_regression_rolls_back_even_a_canary_an_operator_holds(clock: Cl
         assert "TTFT p95" in back.history[-1].reason
     finally:
         await registry.stop()
+
+
+def test_p95_is_nearest_rank_so_one_cold_start_outlier_in_twenty_is_not_it() -> None:
+    assert p95([0.05] * 19 + [1.2]) == 0.05
+    assert p95([0.05] * 5 + [1.2]) == 1.2  # too few to tell it from a regression
+    assert p95([]) is None
