@@ -67,9 +67,10 @@ class ChaosSettings(BaseModel):
     seed: int = 0
 
 
-async def _send(client: openai.AsyncOpenAI, s: ChaosSettings, req: ChaosRequest) -> None:
+async def send_request(client: openai.AsyncOpenAI, s: ChaosSettings, req: ChaosRequest) -> None:
     messages = [{"role": "user", "content": QUESTIONS[req.index % len(QUESTIONS)]}]
     common = dict(model=s.model, messages=messages, max_tokens=s.max_tokens, seed=req.index)
+    sent = time.monotonic()
     try:
         if req.stream:
             stream = await client.chat.completions.create(
@@ -78,7 +79,10 @@ async def _send(client: openai.AsyncOpenAI, s: ChaosSettings, req: ChaosRequest)
             finished = False
             async for chunk in stream:
                 req.request_id = chunk.id
+                req.served_by = chunk.system_fingerprint
                 if chunk.choices and chunk.choices[0].delta.content:
+                    if req.ttft_s is None:
+                        req.ttft_s = time.monotonic() - sent
                     req.tokens_seen += 1
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finished = True
@@ -88,6 +92,7 @@ async def _send(client: openai.AsyncOpenAI, s: ChaosSettings, req: ChaosRequest)
                 **common, extra_body={"tier": req.tier}
             )  # type: ignore[call-overload]
             req.request_id = completion.id
+            req.served_by = completion.system_fingerprint
             req.outcome = "completed"
     except openai.APITimeoutError:
         req.outcome, req.detail = "lost", "client timeout"
@@ -137,7 +142,7 @@ async def _wait_for_workers(s: ChaosSettings, redis: Redis) -> None:
         await asyncio.sleep(1.0)  # heartbeats live in Redis: polled, there is no event
 
 
-async def _usage_counts(s: ChaosSettings, since: float, wanted: set[str]) -> Counter[str]:
+async def usage_counts(s: ChaosSettings, since: float, wanted: set[str]) -> Counter[str]:
     """Usage records per request id, re-read until every wanted id has one or time is up."""
     deadline = time.monotonic() + s.settle_s
     while True:
@@ -172,13 +177,13 @@ async def run_chaos(s: ChaosSettings) -> tuple[ChaosFigures, list[str]]:
         tier = "batch" if not stream and rng.random() < s.batch_share else "interactive"
         req = ChaosRequest(len(requests), stream, tier, started_s=at)
         requests.append(req)
-        tasks.append(asyncio.create_task(_send(client, s, req)))
+        tasks.append(asyncio.create_task(send_request(client, s, req)))
         at += rng.expovariate(s.rate)
     await asyncio.gather(*tasks)
     await injector
     timeline.append(f"{time.monotonic() - t0:6.1f}s every request ended")
     accepted = {r.request_id for r in requests if r.request_id and r.outcome != "refused"}
-    counts = await _usage_counts(s, since, accepted)
+    counts = await usage_counts(s, since, accepted)
     await redis.aclose()  # its connections may predate a Redis restart: read on new ones
     redis = Redis.from_url(s.redis_url)
     attempts = RedisJobAttempts(redis)

@@ -40,6 +40,10 @@ class ChaosRequest:
     request_id: str | None = None
     tokens_seen: int = 0
     detail: str = ""
+    ttft_s: float | None = None
+    """Sent to first content token (streams only)."""
+    served_by: str | None = None
+    """The answer's `system_fingerprint`: the deployment version that served it."""
 
 
 @dataclass(frozen=True)

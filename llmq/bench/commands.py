@@ -177,6 +177,24 @@ def bench_chaos(
     typer.echo(format_chaos(figures, timeline))
 
 
+@bench_app.command("rollout")
+def bench_rollout(
+    settings_json: Annotated[
+        str,
+        typer.Option("--settings", help="RolloutBenchSettings fields as JSON (rate, steps ...)."),
+    ] = "{}",
+) -> None:
+    """Roll a new version out under steady load: failed, interrupted, lost and duplicated
+    requests, and TTFT p95 before, while it loads, during the canary and after."""
+    from llmq.bench.rollout import RolloutBenchSettings, RolloutRun, format_rollout
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False, level="WARNING")
+    run = RolloutRun(RolloutBenchSettings.model_validate_json(settings_json))
+    figures, ttft, served = asyncio.run(run.run())
+    typer.echo(format_rollout(figures, ttft, served, run.timeline))
+
+
 @bench_app.command("simulate")
 def bench_simulate(
     settings_json: Annotated[
