@@ -1,6 +1,7 @@
-"""`llmq controller`: the pool controller with its local adapter, which runs each version's
-replicas as `llmq worker` processes on this machine (what `llmq dev up` uses; production uses
-the Kubernetes adapter instead)."""
+"""`llmq controller`: the pool controller, which keeps each version's replicas at what the
+registry asks (`LLMQ_REPLICA_RUNNER`: `local` runs them as `llmq worker` processes on this
+machine, what `llmq dev up` uses; `kubernetes` as Deployments), and the rollout controller,
+which steps, promotes or rolls back each canary on its arm's measurements."""
 
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ async def replica_runner(
 
 
 async def serve(settings: ControllerSettings) -> None:
-    """Run until SIGTERM or SIGINT, then drain and stop every worker this controller runs."""
+    """Run until SIGTERM or SIGINT. Local replicas are then drained and stopped; Kubernetes
+    ones keep running (a restarted controller adopts them)."""
     client_id = "llmq-controller"
     await ensure_registry_topic(settings.kafka_bootstrap)
     producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)

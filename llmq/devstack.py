@@ -129,13 +129,26 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "tool_call_parser": settings.tool_call_parser,
         "replicas": {"min": settings.workers, "max": settings.workers},
     }
+    deployments = [deployment]
+    if settings.second_model:
+        deployments.append(
+            {
+                **deployment,
+                "name": settings.second_model,
+                "pool": settings.second_pool,
+                "max_model_len": min(1024, settings.max_model_len),
+                "ttft_slo_s": 0.5,
+                "engine_args": {"max_num_seqs": 8},
+                "replicas": {"min": 1, "max": 1},
+            }
+        )
     return {
         "LLMQ_KAFKA_BOOTSTRAP": bootstrap,
         "LLMQ_REDIS_URL": f"redis://{LOCALHOST}:{settings.redis_port}/0",
         "LLMQ_S3_ENDPOINT_URL": f"http://{LOCALHOST}:{settings.s3_port}",
         "LLMQ_HOST": settings.host,
         "LLMQ_PORT": str(settings.port),
-        "LLMQ_DEPLOYMENTS": json.dumps([deployment]),
+        "LLMQ_DEPLOYMENTS": json.dumps(deployments),
         "LLMQ_API_KEYS": json.dumps({settings.api_key: settings.team, **settings.extra_api_keys}),
         "LLMQ_ADMIN_KEYS": json.dumps([settings.admin_key]),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
@@ -231,7 +244,7 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     )
     record(start_moto(settings.s3_port, _fresh_log("moto")))
     try:
-        asyncio.run(ensure_topics(bootstrap, [settings.pool], settings.partitions))
+        asyncio.run(ensure_topics(bootstrap, settings.pools, settings.partitions))
     except Exception as exc:
         raise ServiceStartError("topics", f"creating topics failed: {exc!r}") from exc
 
@@ -259,7 +272,7 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
         lambda: http_status(readyz) == 200 and _all_heartbeating(settings),
         settings.ready_timeout_s,
         [gateway, controller],
-        f"{readyz} to answer 200 and {settings.workers} worker(s) to heartbeat",
+        f"{readyz} to answer 200 and {settings.expected_workers} worker(s) to heartbeat",
     )
 
 
@@ -275,7 +288,7 @@ def _all_heartbeating(settings: DevStackSettings) -> bool:
             raw = client.get(catalog.replica_key(replica_id.decode()))
             if raw and ReplicaHeartbeat.model_validate_json(raw).state == "ready":
                 ready += 1
-        return ready >= settings.workers
+        return ready >= settings.expected_workers
     except redis.RedisError:
         return False
     finally:
@@ -287,6 +300,8 @@ def _print_ready(settings: DevStackSettings) -> None:
     print(f"llmq is up at {url}/v1 (logs in {logs_dir()})")
     if settings.engine == "simulated":
         print("engine: SIMULATED GPU replicas (placeholder text at modelled GPU speed)")
+    models = [settings.model, settings.second_model] if settings.second_model else [settings.model]
+    print(f"models: {', '.join(models)} (pools {', '.join(settings.pools)})")
     print(f"API key: {settings.api_key} (team {settings.team})")
     print(f"admin key: {settings.admin_key} (llmq deployments list)")
     body = json.dumps(

@@ -30,6 +30,13 @@ class DevStackSettings(BaseSettings):
     """Served model name; its folder is built under models_dir() on first use."""
     pool: str = "smollm2"
     """Worker pool of the model (names its job topics)."""
+    second_model: str = "smollm2-135m-fast"
+    """A second deployment, on the same weights, in a pool of its own (`second_pool`) with a
+    shorter context, fewer sequences and a tighter TTFT SLO: two models in two pools, as a
+    platform serves them (routing, quotas and batch lines per model). Empty: only `model`
+    (one engine less on a small machine, e.g. for benchmarks)."""
+    second_pool: str = "smollm2-fast"
+    """Worker pool of the second model."""
     max_model_len: int = 2048
     """Longest prompt + completion the worker accepts, in tokens."""
     max_num_seqs: int = 16
@@ -67,6 +74,15 @@ class DevStackSettings(BaseSettings):
     """Seconds to wait for the gateway's /readyz (the first start builds the model)."""
     log_json: bool = False
     """Whether the gateway and worker write JSON log lines instead of console lines."""
+
+    @property
+    def pools(self) -> list[str]:
+        return [self.pool, self.second_pool] if self.second_model else [self.pool]
+
+    @property
+    def expected_workers(self) -> int:
+        """Workers the stack runs: `workers` for the model, one for the second model."""
+        return self.workers + (1 if self.second_model else 0)
 
     @property
     def gateway_url(self) -> str:

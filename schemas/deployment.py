@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -61,6 +62,9 @@ class Deployment(BaseModel):
     as vLLM's `--tool-call-parser`: needed for `tool_choice: "auto"`, refused without it."""
     replicas: ReplicaBounds = ReplicaBounds()
     """How many replicas the pool controller runs (seeding the registry's version "1")."""
+    engine_args: dict[str, Any] = {}
+    """Engine settings of the deployment's workers (seeding version "1"; see
+    `DeploymentSpec.engine_args`)."""
     shared_cache_teams: dict[str, list[str]] = {}
     """Named sets of teams that share prefix-cache blocks on this model (set name -> teams),
     for example one company-wide system prompt. Every team not listed has a cache of its own:
