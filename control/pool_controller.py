@@ -11,13 +11,12 @@ with no replica left is marked `retired` in the registry.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Protocol
 
 import structlog
 
 from control.registry import DeploymentRegistry
+from control.rounds import Rounds
 from schemas.registry import DeploymentRecord, DeploymentVersion
 from topics.catalog import PRIORITY_CLASSES
 from topics.ports import QueueBacklog
@@ -48,7 +47,7 @@ def desired_replicas(version: DeploymentVersion) -> int:
     return version.replicas.min if version.lifecycle == "active" else 0
 
 
-class PoolController:
+class PoolController(Rounds):
     def __init__(
         self,
         registry: DeploymentRegistry,
@@ -57,29 +56,11 @@ class PoolController:
         interval_s: float = 1.0,
         managed: frozenset[str] = frozenset(),
     ) -> None:
+        super().__init__("pool-controller", interval_s)
         self._managed = managed
         self._registry = registry
         self._runner = runner
         self._backlog = backlog
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="pool-controller")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.reconcile()
-            except Exception:  # Redis or the broker away: try again next round
-                log.exception("reconcile_failed")
-            await asyncio.sleep(self._interval_s)
 
     async def _waiting(self, pool: str) -> int:
         return sum([await self._backlog.queued(pool, tier) for tier in PRIORITY_CLASSES])

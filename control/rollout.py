@@ -11,8 +11,6 @@ promotes the canary. Every decision is a `RolloutEvent` in the record, with its 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +20,7 @@ from typing import Literal
 import structlog
 
 from control.registry import DeploymentRegistry
+from control.rounds import Rounds
 from control.traffic import promote, roll_back, step_canary
 from schemas.registry import DeploymentRecord
 from schemas.rollout import ArmSample, RolloutPolicy
@@ -95,7 +94,7 @@ def judge(stable: ArmSummary, canary: ArmSummary, policy: RolloutPolicy) -> Verd
     return Verdict("healthy", numbers)
 
 
-class RolloutController:
+class RolloutController(Rounds):
     def __init__(
         self,
         registry: DeploymentRegistry,
@@ -103,28 +102,10 @@ class RolloutController:
         interval_s: float = 2.0,
         now: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__("rollout-controller", interval_s)
         self._registry = registry
         self._stats = stats
-        self._interval_s = interval_s
         self._now = now
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="rollout-controller")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.reconcile()
-            except Exception:  # Redis or the broker away: judge again next round
-                log.exception("rollout_round_failed")
-            await asyncio.sleep(self._interval_s)
 
     async def reconcile(self) -> None:
         """One round over every deployment with a canary."""
