@@ -6,7 +6,9 @@ which steps, promotes or rolls back each canary on its arm's measurements."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -65,6 +67,12 @@ class ControllerSettings(BaseSettings):
     """How long a stopped worker may drain before it is killed."""
     log_json: bool = False
     """JSON logs (production) instead of console logs (development)."""
+    engine_cores: list[int] = Field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
+    """Local adapter: the CPU cores its vLLM workers' engines are spread over, one core per
+    engine, the least-used first (JSON list; default: every core of this process). Left to
+    itself, each CPU engine binds its threads to the first core, so a second engine on the
+    machine (another model, a version rolling out) would share that core with the first,
+    measured starving a starting engine for minutes, while the other core idled."""
     replica_runner: Literal["local", "kubernetes"] = "local"
     """Where replicas run: `local`, as worker processes on this machine (`llmq dev up`);
     `kubernetes`, as a Deployment per version in a cluster (its `LLMQ_K8S_*` settings)."""
@@ -78,6 +86,8 @@ class LocalProcessReplicas:
 
         self._settings = settings
         self._replicas: dict[VersionKey, list[ManagedProcess]] = {}
+        self._cores: dict[int, int] = {}
+        """The core each running worker's engine is bound to, by process id."""
         self._stopping = ThreadPoolExecutor(max_workers=8, thread_name_prefix="llmq-stop")
 
     def running(self) -> dict[VersionKey, int]:
@@ -102,6 +112,16 @@ class LocalProcessReplicas:
         env["LLMQ_REPLICA_ID"] = replica_id
         return env
 
+    def _free_core(self) -> int | None:
+        """The engine core running workers use least (the lowest on a tie)."""
+        cores = self._settings.engine_cores
+        if not cores:
+            return None
+        live = {p.pid for processes in self._replicas.values() for p in processes}
+        self._cores = {pid: core for pid, core in self._cores.items() if pid in live}
+        used = Counter(self._cores.values())
+        return min(cores, key=lambda core: (used[core], core))
+
     async def start(self, name: str, version: DeploymentVersion) -> None:
         from llmq.starters import start_llmq
 
@@ -109,10 +129,21 @@ class LocalProcessReplicas:
         await ensure_topics(bootstrap, [version.pool], self._settings.job_topic_partitions)
         replica_id = self._replica_id(version.pool)
         env = self.worker_env(name, version, replica_id)
+        core = None if "VLLM_CPU_OMP_THREADS_BIND" in env else self._free_core()
+        if core is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         log_path = Path(self._settings.worker_log_dir) / f"{replica_id}.log"
         process = start_llmq("worker", env, log_path, name=replica_id)
+        if core is not None:
+            self._cores[process.pid] = core
         self._replicas.setdefault((name, version.version), []).append(process)
-        log.info("replica_started", deployment=name, version=version.version, replica=replica_id)
+        log.info(
+            "replica_started",
+            deployment=name,
+            version=version.version,
+            replica=replica_id,
+            engine_core=core,
+        )
 
     async def stop_one(self, key: VersionKey) -> None:
         from llmq.services import stop
