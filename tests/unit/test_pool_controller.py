@@ -96,3 +96,26 @@ async def test_a_draining_version_stops_only_once_its_queue_is_empty_then_retire
         assert runner.replicas[("m", "2")] == 1
     finally:
         await registry.stop()
+
+
+def test_local_engines_are_spread_over_the_cores_least_used_first() -> None:
+    from pathlib import Path
+
+    from llmq.controller import ControllerSettings, LocalProcessReplicas
+    from llmq.services import ManagedProcess
+
+    replicas = LocalProcessReplicas(ControllerSettings(engine_cores=[0, 1]))
+    running: list[ManagedProcess] = []
+    replicas._replicas[("m", "1")] = running  # what start() records, without spawning
+    picked = []
+    for pid in (101, 102, 103):
+        core = replicas._free_core()
+        assert core is not None
+        picked.append(core)
+        running.append(ManagedProcess(name=f"w{pid}", pid=pid, port=None, log_path=Path("x")))
+        replicas._cores[pid] = core
+    assert picked == [0, 1, 0]
+    running.pop(0)  # pid 101 (core 0) stopped: core 0 now runs one engine, core 1 one
+    running.pop(0)  # pid 102 (core 1) stopped too
+    assert replicas._free_core() == 1
+    assert LocalProcessReplicas(ControllerSettings(engine_cores=[]))._free_core() is None
