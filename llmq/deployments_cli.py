@@ -255,6 +255,12 @@ def deployments_canary(
     min_requests: Annotated[
         int | None, typer.Option(help="Requests each arm needs before a step is judged.")
     ] = None,
+    policy_json: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", help='More RolloutPolicy fields as JSON, e.g. {"max_ttft_p95_ratio": 2}.'
+        ),
+    ] = None,
     base_url: BaseUrlOption = DEFAULT_BASE_URL,
     admin_key: AdminKeyOption = DEFAULT_ADMIN_KEY,
 ) -> None:
@@ -264,7 +270,7 @@ def deployments_canary(
     body: dict[str, object] = {"version": version}
     if percent is not None:
         body["percent"] = percent
-    policy: dict[str, object] = {}
+    policy: dict[str, object] = json.loads(policy_json) if policy_json else {}
     if steps is not None:
         policy["steps"] = [float(s) for s in steps.split(",") if s.strip()]
     if min_step_s is not None:

@@ -32,6 +32,9 @@ from topics.kafka_replay import KafkaTopicReader
 pytestmark = pytest.mark.e2e
 
 NAME = "tiny-rollout"
+LENIENT = {"max_ttft_p95_ratio": 100.0, "max_tpot_p95_ratio": 100.0}
+"""These tests hold the split themselves: the rollout controller must not roll a canary back
+because its engine shares a core with the stack (measured: TTFT p95 1.67x the stable's)."""
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
 
 
@@ -152,7 +155,7 @@ async def test_a_20_percent_canary_takes_its_share_and_a_rollback_holds_at_once(
     stack: Stack, controller: None, aclient: openai.AsyncOpenAI
 ) -> None:
     await _register(stack, "2")
-    await _admin_call(stack, "POST", ":canary", {"version": "2", "percent": 20})
+    await _admin_call(stack, "POST", ":canary", {"version": "2", "percent": 20, "policy": LENIENT})
     started = time.time()
     split = await _served(aclient, range(300))
     assert set(split) == {f"{NAME}@1", f"{NAME}@2"}
@@ -195,7 +198,9 @@ async def test_promote_drain_and_scale_under_steady_load_lose_nothing(
     sender = asyncio.create_task(steady())
     try:
         await _register(stack, "3")
-        await _admin_call(stack, "POST", ":canary", {"version": "3", "percent": 50})
+        await _admin_call(
+            stack, "POST", ":canary", {"version": "3", "percent": 50, "policy": LENIENT}
+        )
         promoted = await _admin_call(stack, "POST", ":promote")
         assert promoted["traffic"] == {
             "stable": "3", "canary": None, "canary_percent": 0.0, "rollout": None,
