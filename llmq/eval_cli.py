@@ -55,10 +55,8 @@ def format_scores(result: EvalResult) -> list[str]:
             mark = "ok" if value >= bound else "FAIL"
             lines.append(f"{metric:<28}{value:>8.3f}  >= {bound:>5.2f}  {mark}")
     verdict = "PASSED" if result.passed else "FAILED"
-    lines.append(
-        f"{verdict}: {result.kind} {result.suite}, {result.prompts} prompts, against "
-        f"version {result.reference}"
-    )
+    what = "shadow traffic" if result.kind == "shadow" else f"suite {result.suite}"
+    lines.append(f"{verdict}: {what}, {result.prompts} prompts, against version {result.reference}")
     return lines
 
 

@@ -79,7 +79,7 @@ async def test_run_suite_passes_identical_answers_and_fails_a_degraded_version()
     assert set(asked) == {"m@2", "m@1"}
     worse = await run_suite(suite, answerer("m@2"), "m", "2", "1")  # type: ignore[arg-type]
     assert not worse.passed and worse.scores["exact_match"] == 0.0
-    assert "FAILED" in format_scores(worse)[-1]
+    assert format_scores(worse)[-1] == "FAILED: suite default@1, 24 prompts, against version 1"
     assert any(line.endswith("FAIL") for line in format_scores(worse))
 
 
