@@ -10,6 +10,7 @@ fills the cache from the API at start-up and after each write.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from control.k8s_manifests import (
     DEPLOYMENT_KEY,
+    INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_SELECTOR,
     MANAGER,
@@ -28,13 +30,16 @@ from control.k8s_manifests import (
     worker_name,
     worker_pdb,
 )
-from control.pool_controller import VersionKey
+from control.pool_controller import WEIGHTS_FAILURE, VersionKey, crash_loop
 from schemas.registry import DeploymentVersion
+from workers.exit_codes import WEIGHTS_EXIT_CODE
 
 log = structlog.get_logger()
 
 REQUEST_TIMEOUT_S = 30.0
 """How long one API call may take."""
+FAILURES_READ_S = 15.0
+"""How often `failures()` reads the pods again when nothing was written."""
 
 Prepare = Callable[[DeploymentVersion], Awaitable[None]]
 """What must exist before a version's first replica starts (its pool's job topics)."""
@@ -60,6 +65,14 @@ class AppsApi(Protocol):
     ) -> Any: ...
 
 
+class CoreApi(Protocol):
+    """What the adapter calls of `kubernetes.client.CoreV1Api`."""
+
+    def list_namespaced_pod(
+        self, namespace: str, *, label_selector: str, _request_timeout: float
+    ) -> Any: ...
+
+
 class PolicyApi(Protocol):
     """What the adapter calls of `kubernetes.client.PolicyV1Api`."""
 
@@ -75,6 +88,24 @@ class PolicyApi(Protocol):
 def _status(exc: ApiException) -> int | None:
     status = getattr(exc, "status", None)
     return status if isinstance(status, int) else None
+
+
+def pod_failure(pod: Any, crash_limit: int) -> str | None:
+    """Why a worker pod's version cannot run, from its containers' statuses: a container that
+    exited with `WEIGHTS_EXIT_CODE`, or one in `CrashLoopBackOff` after `crash_limit`
+    restarts; None for a pod that runs, starts or restarts within bounds."""
+    status = pod.status
+    for container in (status.container_statuses if status is not None else None) or []:
+        state, last = container.state, container.last_state
+        ended = [s.terminated for s in (state, last) if s is not None and s.terminated is not None]
+        if any(t.exit_code == WEIGHTS_EXIT_CODE for t in ended):
+            return WEIGHTS_FAILURE
+        waiting = state.waiting if state is not None else None
+        restarts = container.restart_count or 0
+        if waiting is not None and waiting.reason == "CrashLoopBackOff" and restarts >= crash_limit:
+            last_code = ended[0].exit_code if ended else None
+            return crash_loop(restarts, "in one pod", last_code)
+    return None
 
 
 def managed_key(deployment: Any) -> VersionKey | None:
@@ -98,7 +129,9 @@ class KubernetesReplicas:
     one up by one; `stop_one` scales it down by one, which makes Kubernetes delete a pod: its
     worker gets SIGTERM and drains (takes no new job, finishes its streams within its drain
     grace, commits, exits) inside the pod's termination grace. At zero the Deployment and
-    PDB are deleted. Replicas that crash are restarted by Kubernetes, not by the controller.
+    PDB are deleted. Replicas that crash are restarted by Kubernetes, not by the controller;
+    given the core API, `load()` also reads the versions' pods, and a version whose pods
+    cannot run (`pod_failure`) is reported by `failures()`.
     """
 
     def __init__(
@@ -109,6 +142,8 @@ class KubernetesReplicas:
         worker_env: Mapping[str, str] | None = None,
         prepare: Prepare | None = None,
         api_client: Any = None,
+        core: CoreApi | None = None,
+        crash_limit: int = 5,
     ) -> None:
         self._settings = settings
         self._apps = apps
@@ -116,7 +151,11 @@ class KubernetesReplicas:
         self._worker_env = dict(worker_env or {})
         self._prepare = prepare
         self._api_client = api_client
+        self._core = core
+        self._crash_limit = crash_limit
         self._replicas: dict[VersionKey, int] = {}
+        self._failures: dict[VersionKey, str] = {}
+        self._loaded_at = -FAILURES_READ_S
 
     @classmethod
     def connect(
@@ -124,6 +163,7 @@ class KubernetesReplicas:
         settings: KubernetesSettings,
         worker_env: Mapping[str, str] | None = None,
         prepare: Prepare | None = None,
+        crash_limit: int = 5,
     ) -> KubernetesReplicas:
         """The adapter on the cluster `settings` say: the pod's service account
         (`in_cluster`) or the local kubeconfig's current context."""
@@ -132,13 +172,19 @@ class KubernetesReplicas:
         )
         load_config()
         api = client.ApiClient()
-        return cls(
-            settings, client.AppsV1Api(api), client.PolicyV1Api(api), worker_env, prepare, api
-        )
+        apps, policy, core = client.AppsV1Api(api), client.PolicyV1Api(api), client.CoreV1Api(api)
+        return cls(settings, apps, policy, worker_env, prepare, api, core, crash_limit)
 
     def running(self) -> dict[VersionKey, int]:
         """`spec.replicas` of each managed version's Deployment, as last loaded."""
         return {key: count for key, count in self._replicas.items() if count > 0}
+
+    async def failures(self) -> dict[VersionKey, str]:
+        """Versions one of whose pods cannot run (`pod_failure`), read from the API at most
+        every `FAILURES_READ_S` (and after each write)."""
+        if self._core is not None and time.monotonic() - self._loaded_at >= FAILURES_READ_S:
+            await self.load()
+        return dict(self._failures)
 
     async def load(self) -> None:
         """List the managed Deployments of the namespace into the cache `running()` reads;
@@ -150,11 +196,33 @@ class KubernetesReplicas:
             _request_timeout=REQUEST_TIMEOUT_S,
         )
         replicas: dict[VersionKey, int] = {}
+        by_name: dict[str, VersionKey] = {}
         for item in listed.items or []:
             key = managed_key(item)
             if key is not None:
                 replicas[key] = (item.spec.replicas if item.spec is not None else None) or 0
+                by_name[item.metadata.name] = key
         self._replicas = replicas
+        self._loaded_at = time.monotonic()
+        if self._core is not None:
+            await self._load_failures(by_name)
+
+    async def _load_failures(self, by_name: Mapping[str, VersionKey]) -> None:
+        assert self._core is not None
+        pods = await asyncio.to_thread(
+            self._core.list_namespaced_pod,
+            self._settings.namespace,
+            label_selector=MANAGED_SELECTOR,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
+        failures: dict[VersionKey, str] = {}
+        for pod in pods.items or []:
+            labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
+            key = by_name.get(labels.get(INSTANCE_LABEL, ""))
+            reason = pod_failure(pod, self._crash_limit) if key is not None else None
+            if key is not None and reason is not None:
+                failures[key] = reason
+        self._failures = failures
 
     async def _call(self, method: Callable[..., Any], *args: Any, ok: int = 0) -> bool:
         """Run one API call in a thread; False when it failed with status `ok` (a conflict

@@ -52,7 +52,7 @@ class ServedModels:
 
     def find(self, model: str) -> Deployment | None:
         """What `model` names: `name` (its stable version) or `name@version` (that version,
-        while it is not retired); None when nothing is served under it."""
+        while it is neither retired nor failed); None when nothing is served under it."""
         name, version = split_model(model)
         if version is None:
             return self._stable.get(name)
@@ -87,7 +87,7 @@ class ServedModels:
         known = self._versions.get(name, {})
         versions: dict[str, Deployment] = {}
         for version in record.versions:
-            if version.lifecycle == "retired":
+            if version.lifecycle in ("retired", "failed"):  # no replica serves it
                 continue
             deployment = version.serving(name)
             if known.get(version.version) != deployment and self._prepare is not None:

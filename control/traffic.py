@@ -114,3 +114,22 @@ def roll_back(record: DeploymentRecord, at: float, by: By, reason: str = "") -> 
             "history": _event(record, at, "rolled_back", canary, 0.0, by, reason),
         }
     )
+
+
+def fail(record: DeploymentRecord, version: str, at: float, reason: str) -> DeploymentRecord:
+    """`version`'s replicas cannot run: it is `failed` (no replica, no traffic, `reason` kept).
+    A failed canary's share goes back to the stable version at once; a failed stable version
+    keeps the split (there is nothing else to serve), and its requests fail until an operator
+    registers a version that runs."""
+    versions = tuple(
+        v.model_copy(update={"lifecycle": "failed", "failure": reason})
+        if v.version == version
+        else v
+        for v in record.versions
+    )
+    traffic = record.traffic
+    if traffic.canary == version:
+        traffic = TrafficSplit(stable=traffic.stable)
+    percent = traffic.canary_percent if traffic.canary is not None else 0.0
+    history = _event(record, at, "failed", version, percent, "controller", reason)
+    return record.model_copy(update={"versions": versions, "traffic": traffic, "history": history})

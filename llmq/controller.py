@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from control.k8s_manifests import KubernetesSettings, version_env
-from control.pool_controller import PoolController, VersionKey
+from control.pool_controller import WEIGHTS_FAILURE, PoolController, VersionKey, crash_loop
 from control.registry import DeploymentRegistry
 from control.rollout import RolloutController
 from schemas.deployment import Deployment
@@ -28,6 +29,7 @@ from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
+from workers.exit_codes import WEIGHTS_EXIT_CODE
 
 if TYPE_CHECKING:
     from control.kubernetes_replicas import KubernetesReplicas
@@ -73,6 +75,12 @@ class ControllerSettings(BaseSettings):
     itself, each CPU engine binds its threads to the first core, so a second engine on the
     machine (another model, a version rolling out) would share that core with the first,
     measured starving a starting engine for minutes, while the other core idled."""
+    replica_crash_limit: int = Field(default=5, ge=1)
+    """A version whose replicas exit this many times within `replica_crash_window_s` (local
+    adapter), or one of whose pods restarted this many times and is in `CrashLoopBackOff`
+    (Kubernetes), is in a crash loop: it is marked `failed`, not restarted again."""
+    replica_crash_window_s: float = Field(default=600.0, gt=0)
+    """The window of `replica_crash_limit` (local adapter)."""
     replica_runner: Literal["local", "kubernetes"] = "local"
     """Where replicas run: `local`, as worker processes on this machine (`llmq dev up`);
     `kubernetes`, as a Deployment per version in a cluster (its `LLMQ_K8S_*` settings)."""
@@ -89,16 +97,41 @@ class LocalProcessReplicas:
         self._cores: dict[int, int] = {}
         """The core each running worker's engine is bound to, by process id."""
         self._stopping = ThreadPoolExecutor(max_workers=8, thread_name_prefix="llmq-stop")
+        self._exits: dict[VersionKey, list[tuple[float, int | None]]] = {}
+        """When each version's replicas exited on their own, and with what status."""
 
     def running(self) -> dict[VersionKey, int]:
-        from llmq.services import is_alive
+        from llmq.services import exit_code, is_alive
 
         for key, processes in self._replicas.items():
             exited = [p for p in processes if not is_alive(p.pid)]
             for process in exited:
-                log.warning("replica_exited", deployment=key[0], version=key[1], pid=process.pid)
+                code = exit_code(process.pid)
+                log.warning(
+                    "replica_exited",
+                    deployment=key[0],
+                    version=key[1],
+                    pid=process.pid,
+                    exit_code=code,
+                    log_path=str(process.log_path),
+                )
+                self._exits.setdefault(key, []).append((time.monotonic(), code))
                 processes.remove(process)
         return {key: len(processes) for key, processes in self._replicas.items() if processes}
+
+    async def failures(self) -> dict[VersionKey, str]:
+        """Versions a replica of which exited with `WEIGHTS_EXIT_CODE`, or whose replicas
+        exited `replica_crash_limit` times within `replica_crash_window_s`."""
+        limit, window = self._settings.replica_crash_limit, self._settings.replica_crash_window_s
+        since = time.monotonic() - window
+        failed: dict[VersionKey, str] = {}
+        for key, exits in self._exits.items():
+            exits[:] = [(at, code) for at, code in exits if at >= since]
+            if any(code == WEIGHTS_EXIT_CODE for _, code in exits):
+                failed[key] = WEIGHTS_FAILURE
+            elif len(exits) >= limit:
+                failed[key] = crash_loop(len(exits), f"within {window:.0f} s", exits[-1][1])
+        return failed
 
     def _replica_id(self, pool: str) -> str:
         taken = {p.name for processes in self._replicas.values() for p in processes}
@@ -182,7 +215,11 @@ async def replica_runner(
         await ensure_topics(bootstrap, [version.pool], partitions)
 
     runner = await asyncio.to_thread(
-        KubernetesReplicas.connect, KubernetesSettings(), settings.worker_env, prepare
+        KubernetesReplicas.connect,
+        KubernetesSettings(),
+        settings.worker_env,
+        prepare,
+        settings.replica_crash_limit,
     )
     await runner.load()
     return runner

@@ -158,6 +158,17 @@ def is_alive(pid: int) -> bool:
     return stat is None or stat[0] != "Z"
 
 
+def exit_code(pid: int) -> int | None:
+    """The exit status of a child this module spawned once it has exited (negative: the
+    signal that ended it), after which the child is forgotten; None while it runs, or when it
+    is not such a child."""
+    child = _children.get(pid)
+    code = None if child is None else child.poll()
+    if code is not None:
+        _children.pop(pid, None)
+    return code
+
+
 def spawn(
     name: str, argv: Sequence[str], log_path: Path, *, port: int | None = None,
     env: dict[str, str] | None = None, host: str = LOCALHOST,

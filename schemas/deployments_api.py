@@ -11,7 +11,7 @@ from schemas.deployment import ReplicaBounds
 from schemas.registry import DeploymentRecord, DeploymentVersion, TrafficSplit
 from schemas.rollout import EvalResult, RolloutEvent, RolloutPolicy
 
-VersionState = Literal["loading", "ready", "draining", "retired"]
+VersionState = Literal["loading", "ready", "draining", "retired", "failed"]
 """`loading`: active, no ready replica yet; `ready`: active with one or more; `draining`:
 taking no new requests, finishing its streams; `retired`: gone (its name stays taken)."""
 Arm = Literal["stable", "canary", "none"]

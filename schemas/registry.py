@@ -27,9 +27,11 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 """Versions and pools: what a Kafka topic name and a Kubernetes label take."""
 
 Precision = Literal["bfloat16", "float16", "float32", "fp8", "int8", "int4"]
-Lifecycle = Literal["active", "draining", "retired"]
+Lifecycle = Literal["active", "draining", "retired", "failed"]
 """What the registry says of a version. `active` versions are `loading` until a replica of
-theirs is ready and `ready` after (the API's `state` adds that from heartbeats)."""
+theirs is ready and `ready` after (the API's `state` adds that from heartbeats). `failed`:
+its replicas could not run (weights that do not verify, a crash loop); it takes no traffic and
+runs no replica, and its `failure` says why."""
 
 
 class DeploymentSpec(BaseModel):
@@ -83,6 +85,8 @@ class DeploymentVersion(DeploymentSpec):
     created_at: int
     """Unix seconds of registration."""
     lifecycle: Lifecycle = "active"
+    failure: str | None = None
+    """Why the version `failed` (what its replicas did); None otherwise."""
     evaluations: tuple[EvalResult, ...] = ()
     """Its evaluations against other versions, oldest first (the latest ten kept)."""
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-RolloutAction = Literal["canary", "stepped", "promoted", "rolled_back"]
+RolloutAction = Literal["canary", "stepped", "promoted", "rolled_back", "failed"]
 EvalKind = Literal["suite", "shadow"]
 
 
@@ -78,9 +78,10 @@ class RolloutEvent(BaseModel):
     at: float
     action: RolloutAction
     version: str
-    """The canary's version."""
+    """The canary's version (or the version that failed)."""
     percent: float
-    """The canary's share after the event (100 when promoted, 0 when rolled back)."""
+    """The canary's share after the event (100 when promoted, 0 when rolled back or
+    failed)."""
     by: Literal["operator", "controller"]
     reason: str = ""
     """Why the controller acted: the comparison that passed or regressed."""

@@ -10,6 +10,7 @@ import structlog
 import uvloop
 
 from workers.engine.port import EngineClient
+from workers.exit_codes import UNHEALTHY_EXIT_CODE, WEIGHTS_EXIT_CODE
 from workers.settings import WorkerSettings
 from workers.weights import WeightsCache, WeightsError, verify_folder
 from workers.worker import Worker, WorkerUnhealthy
@@ -78,10 +79,6 @@ async def weights_folder(settings: WorkerSettings) -> str:
     async with S3WeightsSource(endpoint_url=settings.s3_endpoint_url) as source:
         cache = WeightsCache(Path(settings.weights_cache_dir), source)
         return str(await cache.ensure(settings.weights_uri, sha256))
-
-
-UNHEALTHY_EXIT_CODE = 3
-WEIGHTS_EXIT_CODE = 4
 
 
 def run_worker(settings: WorkerSettings) -> None:

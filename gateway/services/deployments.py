@@ -265,7 +265,10 @@ def _current_canary(record: DeploymentRecord) -> str:
 
 def _require_eval(name: str, candidate: DeploymentVersion, stable: DeploymentVersion) -> None:
     """Refuse traffic to a version whose numerics differ from the stable one's until it has
-    passed the evaluation suite against it."""
+    passed the evaluation suite against it. A `failed` stable version is no reference (it
+    cannot run to be compared with): a version that replaces it is not gated on it."""
+    if stable.lifecycle == "failed":
+        return
     change = numerics_change(candidate, stable)
     if change is None or candidate.passed_eval(stable.version) is not None:
         return

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, AppsV1Api, PolicyV1Api
+from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, PolicyV1Api
 from kubernetes.client.exceptions import ApiException
 
 from control.k8s_manifests import (
@@ -22,8 +22,15 @@ from control.k8s_manifests import (
     worker_name,
     worker_pdb,
 )
-from control.kubernetes_replicas import AppsApi, KubernetesReplicas, PolicyApi, managed_key
-from control.pool_controller import PoolController
+from control.kubernetes_replicas import (
+    AppsApi,
+    CoreApi,
+    KubernetesReplicas,
+    PolicyApi,
+    managed_key,
+    pod_failure,
+)
+from control.pool_controller import WEIGHTS_FAILURE, PoolController
 from control.registry import DeploymentRegistry, first_record
 from schemas.deployment import ReplicaBounds
 from schemas.registry import DeploymentVersion
@@ -152,6 +159,29 @@ class FakePolicy(FakeStore):
         return self._delete(name)
 
 
+class FakeCore:
+    """`CoreV1Api`: its pod list answers `pods` (the items of `pod_list.json`, a response
+    written in the API's shape: there is no cluster here to record one from), whatever the
+    selector."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.calls: list[tuple[Any, ...]] = []
+
+    def list_namespaced_pod(
+        self, namespace: str, *, label_selector: str, _request_timeout: float
+    ) -> Any:
+        self.calls.append(("list", namespace, label_selector))
+        listed = recorded("pod_list.json")
+        listed["items"] = self.pods
+        return as_model(listed, "V1PodList")
+
+
+def recorded_pods() -> dict[str, dict[str, Any]]:
+    """The pods of `pod_list.json` by the tail of their names."""
+    return {pod["metadata"]["name"][-5:]: pod for pod in recorded("pod_list.json")["items"]}
+
+
 class Closable:
     closed = False
 
@@ -175,7 +205,11 @@ def _api_methods(api: type) -> set[str]:
 
 @pytest.mark.parametrize(
     ("protocol", "fake", "real"),
-    [(AppsApi, FakeApps, AppsV1Api), (PolicyApi, FakePolicy, PolicyV1Api)],
+    [
+        (AppsApi, FakeApps, AppsV1Api),
+        (PolicyApi, FakePolicy, PolicyV1Api),
+        (CoreApi, FakeCore, CoreV1Api),
+    ],
 )
 def test_the_fakes_take_what_the_adapter_calls_and_the_client_has(
     protocol: type, fake: type, real: type
@@ -312,3 +346,28 @@ async def test_the_pool_controller_drives_the_adapter() -> None:
         assert runner.running() == {("smollm2", "1"): 2}
     finally:
         await registry.stop()
+
+
+def test_pod_failure_reads_the_weights_exit_code_and_a_crash_loop_past_the_limit() -> None:
+    pods = {tail: as_model(pod, "V1Pod") for tail, pod in recorded_pods().items()}
+    assert pod_failure(pods["q8r2t"], crash_limit=5) == WEIGHTS_FAILURE  # exited 4, once
+    assert pod_failure(pods["m4kfz"], crash_limit=5) == (
+        "crash loop: its replicas exited 6 times in one pod (last exit code 1)"
+    )
+    assert pod_failure(pods["m4kfz"], crash_limit=7) is None  # not yet at the limit
+    assert pod_failure(pods["x2x9q"], crash_limit=5) is None  # restarted 7 times, runs now
+    assert pod_failure(pods["z7h5c"], crash_limit=5) is None  # still being created
+
+
+async def test_failures_name_the_version_whose_pods_cannot_run() -> None:
+    apps = FakeApps(recorded("deployment_list.json")["items"])
+    pods = recorded_pods()
+    core = FakeCore([pods["x2x9q"], pods["z7h5c"]])
+    runner = KubernetesReplicas(SETTINGS, apps, FakePolicy(), BASE_ENV, core=core)
+    await runner.load()
+    assert await runner.failures() == {}
+    core.pods.append(pods["q8r2t"])
+    assert await runner.failures() == {}  # read again only every FAILURES_READ_S
+    await runner.start("smollm2", SMOL)  # a write reloads
+    assert await runner.failures() == {(LLAMA_NAME, "2"): WEIGHTS_FAILURE}
+    assert core.calls[-1] == ("list", "llmq", MANAGED_SELECTOR)

@@ -317,6 +317,31 @@ async def test_a_change_of_numerics_cannot_take_canary_traffic_without_a_passing
         await registry.stop()
 
 
+async def test_a_failed_version_is_not_served_and_a_failed_stable_gates_nothing() -> None:
+    from control.traffic import fail
+
+    service, models, registry = await _service(MemoryRegistryLog())
+    try:
+        await service.put("m", _spec("1", "p1"))
+        await registry.update("m", lambda r: fail(r, "1", 1.0, "crash loop") if r else r)
+        failed = service.get("m")
+        assert [(v.state, v.failure) for v in failed.versions] == [("failed", "crash loop")]
+        with pytest.raises(ApiError) as gone:
+            models.resolve("m@1")
+        assert gone.value.code == "model_not_found"
+        with pytest.raises(ApiError) as refused:
+            await service.canary("m", "1", 5)
+        assert refused.value.code == "version_not_active"
+        # The fix loads other weights; the failed stable version cannot be evaluated
+        # against, so the fix takes traffic without a suite run against it.
+        await service.put("m", _spec("2", "p2", precision="float32"))
+        await service.canary("m", "2", 100)
+        promoted = await service.promote("m")
+        assert promoted.traffic.stable == "2" and models.resolve("m").version == "2"
+    finally:
+        await registry.stop()
+
+
 async def test_same_numerics_need_no_eval_and_each_traffic_change_is_in_the_history() -> None:
     service, _, registry = await _service(MemoryRegistryLog())
     try:
