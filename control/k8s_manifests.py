@@ -67,8 +67,9 @@ class KubernetesSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMQ_K8S_", extra="ignore")
 
     namespace: str = "llmq"
-    """The namespace of the worker Deployments (the controller's service account must be
-    allowed to list, create, patch and delete Deployments and PodDisruptionBudgets there)."""
+    """The namespace of the worker Deployments (the controller's service account needs the
+    Role of `control/k8s_rbac.py` there: Deployments, their scale, PodDisruptionBudgets and
+    a read of pods)."""
     image: str = "llmq:latest"
     """The worker container image (it runs `llmq worker`)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
