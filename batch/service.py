@@ -35,11 +35,13 @@ from schemas.deployment import Deployment
 from schemas.messages import BatchCreatedEvent
 from schemas.render import ChatRenderer
 from topics import catalog
+from topics.counted_queue import AnnouncedJobQueue
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_token_bucket import RedisTokenBucket
+from topics.redis_wake import RedisJobWake
 
 log = structlog.get_logger()
 
@@ -144,7 +146,8 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     registry = DeploymentRegistry(registry_log)
     registry.listen(models.apply)
     fanout = BatchFanout(
-        store, files, KafkaJobQueue(producer), RedisBacklog(redis),
+        store, files, AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis)),
+        RedisBacklog(redis),
         renderer, models, finalizer,
         max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
         quota=LineQuota(RedisTokenBucket(redis), settings.teams),

@@ -39,6 +39,7 @@ from schemas.completions import Completion, CompletionRequest
 from schemas.deployment import Deployment
 from schemas.render import ChatRenderer
 from topics import catalog
+from topics.counted_queue import AnnouncedJobQueue
 from topics.kafka import (
     KafkaBatchEvents,
     KafkaJobQueue,
@@ -52,6 +53,7 @@ from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from topics.redis_token_bucket import RedisTokenBucket
+from topics.redis_wake import RedisJobWake
 
 log = structlog.get_logger()
 
@@ -108,7 +110,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         intake = JobIntake(
             registry=registry,
             renderer=renderer,
-            queue=KafkaJobQueue(producer),
+            queue=AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis)),
             backlog=RedisBacklog(redis),
             admission=AdmissionController(
                 TtftPredictor(

@@ -332,11 +332,12 @@ async def _run(options: ReplayOptions, bootstrap: str, redis_url: str) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from topics.counted_queue import CountedJobQueue
+    from topics.counted_queue import AnnouncedJobQueue, CountedJobQueue
     from topics.kafka import KafkaJobQueue, KafkaProducer
     from topics.kafka_replay import KafkaTopicReader, ReplayReadError
     from topics.redis_backlog import RedisBacklog
     from topics.redis_relay import RedisJobLedger
+    from topics.redis_wake import RedisJobWake
 
     reader = KafkaTopicReader(bootstrap)
     redis = Redis.from_url(redis_url)
@@ -348,12 +349,13 @@ async def _run(options: ReplayOptions, bootstrap: str, redis_url: str) -> int:
             stack.push_async_callback(redis.aclose)
             stack.push_async_callback(reader.stop)  # also closes a half-started client
             await reader.start()
-            queue: CountedJobQueue | None = None
+            queue: AnnouncedJobQueue | None = None
             if not options.dry_run:  # a dry run produces nothing
                 producer = KafkaProducer(bootstrap, client_id="llmq-replay")
                 stack.push_async_callback(producer.stop)
                 await producer.start()
-                queue = CountedJobQueue(KafkaJobQueue(producer), RedisBacklog(redis))
+                counted = CountedJobQueue(KafkaJobQueue(producer), RedisBacklog(redis))
+                queue = AnnouncedJobQueue(counted, RedisJobWake(redis))
             with Progress(*columns, console=Console(stderr=True)) as progress:
                 task = progress.add_task(f"scan {options.source_topic}", total=None)
                 replayer = Replayer(

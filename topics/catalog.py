@@ -30,6 +30,8 @@ REGISTRY_TOPIC = "llmq.registry"
 record of a name is its whole state) and one partition (one order over every name)."""
 
 CANCEL_CHANNEL = "llmq:cancel"
+WAKE_CHANNEL_PREFIX = "llmq:wake:"
+"""`llmq:wake:{pool}`: a job was queued for the pool (its idle workers fetch now)."""
 """Redis pub/sub channel on which gateways announce cancelled requests."""
 
 REPLICA_INDEX_KEY = "llmq:replicas"
@@ -59,6 +61,10 @@ def reply_channel(gateway_id: str) -> str:
 def is_reply_channel(name: str) -> bool:
     """Whether `name` is a gateway's reply channel (not, e.g., the results topic)."""
     return name.startswith("llmq:reply:")
+
+
+def wake_channel(pool: str) -> str:
+    return f"{WAKE_CHANNEL_PREFIX}{pool}"
 
 
 def cancel_key(request_id: str) -> str:

@@ -1,4 +1,5 @@
-"""A job queue that counts what it produces into the admission backlog, as the gateway does.
+"""Job queues around a producer's: `CountedJobQueue` counts what it produces into the
+admission backlog, as the gateway does; `AnnouncedJobQueue` wakes the pool's idle workers.
 
 Admission predicts TTFT from the prompt tokens queued per pool; the gateway adds a job's
 tokens before producing it and the worker takes them off when the job starts. A producer
@@ -8,9 +9,11 @@ counted too instead of briefly hiding from admission (the worker's removal clamp
 
 from __future__ import annotations
 
+import asyncio
+
 from schemas.messages import InferenceJob
 from topics.catalog import PriorityClass
-from topics.ports import JobQueue, JobReceipt, QueueBacklog
+from topics.ports import JobQueue, JobReceipt, JobWake, QueueBacklog
 
 
 class CountedJobQueue:
@@ -29,6 +32,26 @@ class CountedJobQueue:
         except BaseException:
             await self._backlog.remove(job.pool, tier, tokens, job.team, waiting)
             raise
+
+    async def partitions(self, pool: str, tier: PriorityClass) -> int:
+        return await self._queue.partitions(pool, tier)
+
+
+class AnnouncedJobQueue:
+    """A job queue that wakes the pool's idle workers (`JobWake`) as it queues each job: what
+    the gateway, the batch service and a worker re-queuing a job produce through. The
+    announcement goes out beside the produce, not after its acknowledgement: a woken worker
+    polls for a while (`ANNOUNCED_POLL_S`), so it fetches the job as soon as it is written."""
+
+    def __init__(self, queue: JobQueue, wake: JobWake) -> None:
+        self._queue = queue
+        self._wake = wake
+
+    async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
+        receipt, _ = await asyncio.gather(
+            self._queue.submit(job, partition=partition), self._wake.announce(job.pool)
+        )
+        return receipt
 
     async def partitions(self, pool: str, tier: PriorityClass) -> int:
         return await self._queue.partitions(pool, tier)

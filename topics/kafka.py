@@ -121,6 +121,12 @@ class KafkaUsageSink:
         await self._producer.send(catalog.USAGE_TOPIC, usage.to_bytes(), key=usage.team.encode())
 
 
+STREAM_FETCH_MAX_WAIT_MS = 500
+"""How long a stream's fetch waits for records: usage, batch control and batch results are
+not latency-critical (a quota refund or a batch line half a second later), and a broker that
+answers only when the wait expires (Tansu) is spared most of their idle polls."""
+
+
 class KafkaTopicStream:
     """One topic read by one consumer group; offsets are committed by hand after the work."""
 
@@ -143,7 +149,7 @@ class KafkaTopicStream:
             client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_start else "latest",
-            fetch_max_wait_ms=100,
+            fetch_max_wait_ms=STREAM_FETCH_MAX_WAIT_MS,
             session_timeout_ms=6000,
             heartbeat_interval_ms=500,
             max_poll_interval_ms=max_poll_interval_ms,

@@ -49,6 +49,14 @@ class JobQueue(Protocol):
         ...
 
 
+class JobWake(Protocol):
+    """Tells a pool's idle workers that a job was queued, so that they fetch now instead of
+    polling the broker while idle. Kafka still holds every job: a lost wake-up costs the
+    job latency (a worker's idle interval), never the job."""
+
+    async def announce(self, pool: str) -> None: ...
+
+
 class ReplySubscription(Protocol):
     """The events of one request, in order, as they reach this gateway."""
 

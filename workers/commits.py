@@ -20,6 +20,8 @@ class Revocable(Protocol):
 
     def forget(self, partitions: set[TopicPartition]) -> None: ...
 
+    def announced(self) -> None: ...
+
 
 class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
     """Commit what is done, then drop the buffered jobs of partitions being revoked."""
@@ -34,6 +36,7 @@ class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         names = [f"{tp.topic}:{tp.partition}" for tp in assigned]
         log.info("partitions_assigned", partitions=names)
+        self._loop.announced()  # partitions new to it may hold jobs: an idle loop fetches now
 
 
 async def commit_done(consumer: AIOKafkaConsumer, offsets: OffsetTracker[TopicPartition]) -> None:

@@ -18,7 +18,6 @@ offsets are committed; jobs still buffered stay uncommitted for the partition's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,9 @@ log = structlog.get_logger()
 PRIORITY = {"interactive": 0, "batch": 10}
 IDLE_WAIT_S = 0.05
 """How long a turn waits for a slot to free when nothing can be fetched or started."""
+ANNOUNCED_POLL_S = 0.2
+"""How long an idle worker keeps polling after a job is announced (the announcement may
+arrive before the job is written)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class PullLoop:
         policy: HeadroomPolicy | None = None,
         fair_lookahead: int = 4,
         teams: TeamActivity | None = None,
+        idle_fetch_interval_s: float | None = None,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
@@ -94,6 +97,10 @@ class PullLoop:
         self._waited: set[str] = set()
         self._teams = teams or TeamActivity(TEAM_ACTIVE_S)
         self._wake = asyncio.Event()
+        self._announced = asyncio.Event()
+        """A job was queued for this pool (`announced()`): fetch now, even when idle."""
+        self._announced_at = 0.0
+        self._idle_fetch_interval_s = idle_fetch_interval_s
         self._stopping = asyncio.Event()
         self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
 
@@ -107,6 +114,13 @@ class PullLoop:
     def buffered(self) -> int:
         return len(self._buffer) + (self._next is not None)
 
+    @property
+    def polling(self) -> bool:
+        """False while every assigned partition is paused (an idle worker waiting for an
+        announced job, or one with no room for any job): no fetch reaches the broker."""
+        assignment = self._consumer.assignment()
+        return not assignment or not assignment <= self._consumer.paused()
+
     def assigned(self) -> list[str]:
         return sorted(f"{tp.topic}:{tp.partition}" for tp in self._consumer.assignment())
 
@@ -115,6 +129,12 @@ class PullLoop:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+
+    def announced(self) -> None:
+        """A gateway queues a job for this pool (a `JobWake`): an idle loop polls now, and
+        for ANNOUNCED_POLL_S."""
+        self._announced_at = time.monotonic()
+        self._announced.set()
 
     async def cancel(self, request_id: str) -> bool:
         """Abort a running job at its client's request; False if it is not running here."""
@@ -148,15 +168,38 @@ class PullLoop:
         while not self._stopping.is_set():
             self._wake.clear()  # what happens from here on wakes the turn's waits
             await self._start_what_fits()
+            self._announced.clear()  # a job announced from here on is fetched next turn
             fetched = await self._fetch()
             if fetched and not self._stopping.is_set():
                 await self._start_what_fits()  # before the commit's round trip
             elif not self._wake.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(IDLE_WAIT_S):
-                        await self._wake.wait()
+                await self._wait_idle()
             await self.commit()
         await self._drain(drain_grace_s)
+
+    async def _wait_idle(self) -> None:
+        """Nothing was fetched and nothing woke the turn: wait for a slot to free or a job to
+        be announced, up to IDLE_WAIT_S. A worker with no work at all (none running or held),
+        given an idle fetch interval, also stops polling the broker: it pauses its
+        partitions for up to that interval, and the next turn's fetch plan resumes them.
+        An empty fetch poll every few milliseconds costs the broker and the worker CPU that
+        an engine on the same machine needs, for nothing."""
+        if self._announced.is_set():
+            return
+        wait_s = IDLE_WAIT_S
+        interval = self._idle_fetch_interval_s
+        polling = time.monotonic() - self._announced_at < ANNOUNCED_POLL_S
+        assignment = self._consumer.assignment()
+        idle = assignment and not self._running and not self.buffered
+        if interval is not None and idle and not polling:
+            self._consumer.pause(*assignment)
+            wait_s = interval
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._wake, self._announced)]
+        try:
+            await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _engine_load(self) -> EngineLoad:
         running = [f.job for rid, (_, f) in self._running.items() if rid not in self._engine_done]

@@ -9,6 +9,7 @@ import structlog
 
 from llmq.heap import freeze_startup_heap
 from llmq.probes import ProbeServer
+from topics.counted_queue import AnnouncedJobQueue
 from topics.kafka import (
     KafkaDeadLetterSink,
     KafkaJobQueue,
@@ -26,7 +27,8 @@ from topics.redis_relay import (
     RedisJobLedger,
     RedisReplicaDirectory,
 )
-from workers.cancels import listen_for_cancels
+from topics.redis_wake import RedisJobWake
+from workers.cancels import listen_for_cancels, listen_for_wakes
 from workers.engine.port import EngineClient
 from workers.headroom import HeadroomPolicy
 from workers.health import EngineHealth
@@ -63,6 +65,11 @@ class Worker:
             self._heartbeat.state = "draining"
         if self._loop is not None:
             self._loop.stop()
+
+    @property
+    def pull_loop(self) -> PullLoop | None:
+        """The pull loop, once the worker is ready."""
+        return self._loop
 
     async def run(self) -> None:
         settings = self.settings
@@ -120,7 +127,7 @@ class Worker:
                 self.engine,
                 runner,
                 settings.pool,
-                requeue=KafkaJobQueue(producer),
+                requeue=AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis)),
                 dead_letters=dead_letters,
                 load=load,
                 policy=HeadroomPolicy(
@@ -130,6 +137,7 @@ class Worker:
                 ),
                 fair_lookahead=settings.fair_lookahead,
                 teams=teams,
+                idle_fetch_interval_s=settings.idle_fetch_interval_s or None,
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned
@@ -137,6 +145,8 @@ class Worker:
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)
             background.append(asyncio.create_task(listen_for_cancels(listener, loop)))
+            wake = RedisJobWake(listener_redis)
+            background.append(asyncio.create_task(listen_for_wakes(wake, settings.pool, loop)))
             background.append(asyncio.create_task(watch_team_queues(backlog, settings.pool, teams)))
             if self._drain_requested:
                 loop.stop()

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from redis.asyncio import Redis
 
 from schemas.messages import (
     FinishEvent,
@@ -22,8 +23,10 @@ from tests.integration.scripted_engine import ScriptedEngine
 from tests.polling import eventually
 from tests.topic_reading import read_until
 from topics import catalog
+from topics.counted_queue import AnnouncedJobQueue
 from topics.kafka import KafkaJobQueue, KafkaProducer
 from topics.redis_relay import RedisReplyRelay
+from topics.redis_wake import RedisJobWake
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +62,39 @@ async def test_events_reach_the_right_waiting_request(
     worker.drain()
     await asyncio.wait_for(task, 30)
     assert all(engine.calls[rid] == 1 for rid in ids)
+
+
+async def test_an_idle_worker_stops_polling_until_a_job_is_announced(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str,
+    redis_url: str, redis: Redis,
+) -> None:  # fmt: skip
+    # Idle, it would fetch on its own only every 120 s: both jobs are served long before
+    # that only because the second one is announced.
+    engine = ScriptedEngine(tokens=2)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine, idle_fetch_interval_s=120)
+    await asyncio.wait_for(worker.ready.wait(), 60)
+    loop = worker.pull_loop
+    assert loop is not None
+
+    async def state() -> tuple[bool, bool]:
+        assert loop is not None
+        return bool(loop.assigned()), loop.polling
+
+    def paused(value: tuple[bool, bool]) -> bool:
+        return value[0] and not value[1]
+
+    await eventually(state, paused, within=30)
+    for rid in ("req-quiet", "req-announced"):
+        relay.open(rid)
+    await KafkaJobQueue(producer).submit(make_job(pool, relay, "req-quiet"))
+    assert not loop.polling  # produced without an announcement: nothing wakes the worker
+    announced = AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis))
+    await announced.submit(make_job(pool, relay, "req-announced"))
+    results = await asyncio.gather(*(collect(relay, r) for r in ("req-quiet", "req-announced")))
+    assert all(isinstance(events[-1], FinishEvent) for events in results)
+    await eventually(state, paused, within=30)  # idle again: paused again
+    worker.drain()
+    await asyncio.wait_for(task, 30)
 
 
 async def test_usage_records_land_on_the_usage_topic(
