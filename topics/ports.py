@@ -146,6 +146,26 @@ class AttemptRecord:
     """What earlier runs streamed to the caller (completion tokens the caller has seen)."""
 
 
+@dataclass(frozen=True)
+class StartChecks:
+    """What a worker learns as a job leaves the queue, before its engine sees it."""
+
+    finished: bool
+    """An earlier run already reached a terminal event (`JobLedger`)."""
+    cancelled: bool
+    """Its caller cancelled it while it was queued (`CancelBus`)."""
+    earlier: AttemptRecord
+    """This run, counted, and what earlier runs left (`JobAttempts.begin`)."""
+
+
+class JobStart(Protocol):
+    """A job leaves the queue: take its prompt off the pool's backlog (`QueueBacklog`), count
+    its run, and read whether it is finished or cancelled; all before the engine, so as
+    one round trip where the store allows it."""
+
+    async def begin(self, job: InferenceJob, attempt_key: str) -> StartChecks: ...
+
+
 class JobAttempts(Protocol):
     """Runs of each job, so a redelivered job knows whether its caller already saw tokens
     (it must not be re-run silently) and whether it keeps killing workers (dead-letter it)."""

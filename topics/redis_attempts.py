@@ -7,7 +7,10 @@ but never ended is one whose worker died (SIGKILL, OOM, node loss) or whose engi
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from schemas.messages import TokenEvent, UsageCounts
 from topics.ports import AttemptRecord
@@ -22,11 +25,19 @@ class RedisJobAttempts:
 
     async def begin(self, key: str) -> AttemptRecord:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(key, "starts", 1)
-            pipe.hgetall(key)
-            pipe.expire(key, self._ttl_s)
+            self.queue_begin(pipe, key)
             starts, fields, _ = await pipe.execute()
+        return self.record(starts, fields)
 
+    def queue_begin(self, pipe: Pipeline, key: str) -> None:
+        """Queue `begin`'s three commands (count the run, read the hash, renew its TTL) onto
+        a pipeline; `record` reads their first two replies."""
+        pipe.hincrby(key, "starts", 1)
+        pipe.hgetall(key)
+        pipe.expire(key, self._ttl_s)
+
+    @staticmethod
+    def record(starts: Any, fields: dict[bytes, bytes]) -> AttemptRecord:
         def field(name: str) -> int:
             return int(fields.get(name.encode(), 0))
 

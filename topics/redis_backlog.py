@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from topics.catalog import PriorityClass, backlog_key, team_backlogs_key, team_waiting_key
 from topics.ports import BacklogAdmission
@@ -141,6 +142,22 @@ class RedisBacklog:
             keys=self._keys(pool, tier),
             args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, waiting],
         )
+
+    async def queue_remove(
+        self,
+        pipe: Pipeline,
+        pool: str,
+        tier: PriorityClass,
+        prompt_tokens: int,
+        team: str | None = None,
+    ) -> bool:
+        """Queue `remove`'s script onto a pipeline (one reply); False: nothing to remove,
+        nothing queued."""
+        if prompt_tokens <= 0:
+            return False
+        args: list[int | str] = [prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, prompt_tokens]
+        await self._remove(keys=self._keys(pool, tier), args=args, client=pipe)
+        return True
 
     async def queued(self, pool: str, tier: PriorityClass) -> int:
         raw = await self._redis.get(backlog_key(pool, tier))

@@ -31,6 +31,7 @@ from topics.ports import (
     EventPublisher,
     JobAttempts,
     JobLedger,
+    JobStart,
     QueueBacklog,
     ResultSink,
     UsageSink,
@@ -38,6 +39,7 @@ from topics.ports import (
 from workers.dead_letters import dead_letter_for_failing_job
 from workers.engine.port import EngineClient, EngineRequestError
 from workers.job_output import Buffered, JobOutput
+from workers.job_start import GatheredJobStart
 from workers.load import LoadTracker
 
 log = structlog.get_logger()
@@ -84,6 +86,7 @@ class JobRunner:
         attempts: JobAttempts,
         dead_letters: DeadLetterSink,
         max_failed_runs: int = 2,
+        start: JobStart | None = None,
     ) -> None:
         self._engine = engine
         self._attempts = attempts
@@ -99,6 +102,8 @@ class JobRunner:
         self._ending: set[str] = set()
         self._backlog = backlog
         self._load = load
+        self._start = start or GatheredJobStart(backlog, ledger, attempts, cancels)
+        """How a job leaves the queue: its checks in one round trip where the store allows."""
 
     async def run(
         self,
@@ -117,15 +122,11 @@ class JobRunner:
         try:
             # Its prompt leaves the queue now (admission counts queued prompt tokens per pool;
             # the job's share of slot time stays counted until it ends: `_finished`).
-            # The checks run concurrently: one round trip before the engine, not four. (A run
-            # of a finished job also counts a start, harmless: it never runs again.)
+            # One round trip before the engine, not four. (A run of a finished job also
+            # counts a start, harmless: it never runs again.)
             key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
-            _, finished, earlier, cancelled = await asyncio.gather(
-                self._backlog.remove(job.pool, job.tier, len(job.prompt_token_ids), job.team),
-                self._ledger.is_finished(job.request_id),
-                self._attempts.begin(key),
-                self._cancels.is_cancelled(job.request_id),
-            )
+            checks = await self._start.begin(job, key)
+            finished, earlier, cancelled = checks.finished, checks.earlier, checks.cancelled
             forced = job.replay is not None and job.replay.force
             if finished and not forced:
                 bound.info("job_skipped_finished")

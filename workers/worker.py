@@ -21,6 +21,7 @@ from topics.kafka import (
 from topics.redis_attempts import RedisJobAttempts
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
+from topics.redis_job_start import RedisJobStart
 from topics.redis_relay import (
     RedisCancelBus,
     RedisEventPublisher,
@@ -107,6 +108,7 @@ class Worker:
             load = LoadTracker(tpot_slo_s=settings.tpot_slo_s)
             dead_letters = KafkaDeadLetterSink(producer)
             backlog = RedisBacklog(redis)
+            attempts = RedisJobAttempts(redis)
             teams = TeamActivity(TEAM_ACTIVE_S, usage_window_s=settings.team_usage_window_s)
             runner = JobRunner(
                 self.engine,
@@ -118,9 +120,10 @@ class Worker:
                 load,
                 KafkaResultSink(producer),
                 cancels,
-                RedisJobAttempts(redis),
+                attempts,
                 dead_letters,
                 max_failed_runs=settings.max_failed_runs,
+                start=RedisJobStart(redis, backlog, attempts),
             )
             loop = PullLoop(
                 consumer,

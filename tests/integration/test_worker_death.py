@@ -19,6 +19,7 @@ from schemas.messages import (
     DeadLetter,
     ErrorEvent,
     FinishEvent,
+    InferenceJob,
     TokenEvent,
     UsageRecord,
 )
@@ -28,8 +29,8 @@ from tests.polling import eventually
 from tests.topic_reading import read_until
 from topics import catalog
 from topics.kafka import KafkaJobQueue, KafkaProducer
-from topics.ports import AttemptRecord
-from topics.redis_attempts import RedisJobAttempts
+from topics.ports import StartChecks
+from topics.redis_job_start import RedisJobStart
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from workers.worker import WorkerUnhealthy
 
@@ -210,19 +211,19 @@ async def test_a_job_its_client_cancels_before_it_reaches_the_engine_is_still_bi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The cancel lands while the runner still talks to Redis (a slow round trip, held here
-    at its attempt bookkeeping): the job ends as cancelled with one usage record, so its quota
+    at its start checks): the job ends as cancelled with one usage record, so its quota
     reservation is refunded, and it never starts in the engine."""
     early = f"early-{uuid.uuid4().hex[:6]}"
     reached, release = asyncio.Event(), asyncio.Event()
-    begin = RedisJobAttempts.begin
+    begin = RedisJobStart.begin
 
-    async def slow_begin(self: RedisJobAttempts, key: str) -> AttemptRecord:
+    async def slow_begin(self: RedisJobStart, job: InferenceJob, key: str) -> StartChecks:
         if early in key:
             reached.set()
             await release.wait()  # held until the cancel has landed (never, here)
-        return await begin(self, key)
+        return await begin(self, job, key)
 
-    monkeypatch.setattr(RedisJobAttempts, "begin", slow_begin)
+    monkeypatch.setattr(RedisJobStart, "begin", slow_begin)
     engine = ScriptedEngine(tokens=3)
     worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine)
     relay.open(early)
