@@ -22,6 +22,7 @@ from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import CancelEvent, ErrorEvent, ReplyBatchEvent, relay_message_adapter
 from topics import catalog
 from topics.ports import ReplyEventT
+from topics.redis_client import channel_messages
 from topics.redis_reply_batch import RedisReplyBatch
 
 log = structlog.get_logger()
@@ -185,23 +186,16 @@ class RedisCancelBus:
 
         Survives Redis restarts by subscribing again; a cancel broadcast while it was away is
         still found through its key when the job starts (`is_cancelled`)."""
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        cancels = channel_messages(
+            self._redis, catalog.CANCEL_CHANNEL, "cancel_listener_disconnected", retry_s
+        )
+        async for data in cancels:
+            if data is None:
+                continue  # (re)subscribed
             try:
-                await pubsub.subscribe(catalog.CANCEL_CHANNEL)
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    try:
-                        yield CancelEvent.model_validate_json(message["data"]).request_id
-                    except ValidationError:
-                        log.warning("cancel_event_rejected")
-            except (RedisError, OSError) as exc:
-                log.warning("cancel_listener_disconnected", error=type(exc).__name__)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(retry_s)
+                yield CancelEvent.model_validate_json(data).request_id
+            except ValidationError:
+                log.warning("cancel_event_rejected")
 
 
 class RedisJobLedger:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import structlog
@@ -11,6 +9,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from topics import catalog
+from topics.redis_client import channel_messages
 
 log = structlog.get_logger()
 
@@ -32,17 +31,8 @@ class RedisJobWake:
     async def listen(self, pool: str, retry_s: float = 0.5) -> AsyncIterator[None]:
         """Yields once per wake-up of `pool`, and once after each (re)subscription (what was
         announced while it was away is fetched then). Survives Redis restarts."""
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(catalog.wake_channel(pool))
-                yield None
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        yield None
-            except (RedisError, OSError) as exc:
-                log.warning("wake_listener_disconnected", error=type(exc).__name__)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(retry_s)
+        wakes = channel_messages(
+            self._redis, catalog.wake_channel(pool), "wake_listener_disconnected", retry_s
+        )
+        async for _ in wakes:
+            yield None
