@@ -68,10 +68,10 @@ async def test_an_idle_worker_stops_polling_until_a_job_is_announced(
     pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str,
     redis_url: str, redis: Redis,
 ) -> None:  # fmt: skip
-    # Idle, it would fetch on its own only every 120 s: both jobs are served long before
+    # Idle, it would fetch on its own only every 60 s: both jobs are served long before
     # that only because the second one is announced.
     engine = ScriptedEngine(tokens=2)
-    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine, idle_fetch_interval_s=120)
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine, idle_fetch_interval_s=60)
     await asyncio.wait_for(worker.ready.wait(), 60)
     loop = worker.pull_loop
     assert loop is not None
