@@ -9,8 +9,6 @@ counted too instead of briefly hiding from admission (the worker's removal clamp
 
 from __future__ import annotations
 
-import asyncio
-
 from schemas.messages import InferenceJob
 from topics.catalog import PriorityClass
 from topics.ports import JobQueue, JobReceipt, JobWake, QueueBacklog
@@ -38,19 +36,19 @@ class CountedJobQueue:
 
 
 class AnnouncedJobQueue:
-    """A job queue that wakes the pool's idle workers (`JobWake`) as it queues each job: what
+    """A job queue that wakes the pool's quiet workers (`JobWake`) as it queues each job: what
     the gateway, the batch service and a worker re-queuing a job produce through. The
-    announcement goes out beside the produce, not after its acknowledgement: a woken worker
-    polls for a while (`ANNOUNCED_POLL_S`), so it fetches the job as soon as it is written."""
+    announcement goes out once the broker has acknowledged the job, so a fetch sent by a
+    woken worker finds it at once, and a worker that found its partitions empty after the
+    last announcement may stop polling (`workers.caught_up`)."""
 
     def __init__(self, queue: JobQueue, wake: JobWake) -> None:
         self._queue = queue
         self._wake = wake
 
     async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
-        receipt, _ = await asyncio.gather(
-            self._queue.submit(job, partition=partition), self._wake.announce(job.pool)
-        )
+        receipt = await self._queue.submit(job, partition=partition)
+        await self._wake.announce(job.pool)
         return receipt
 
     async def partitions(self, pool: str, tier: PriorityClass) -> int:

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from schemas.messages import InferenceJob
 from topics import catalog
 from topics.ports import DeadLetterSink, JobQueue
+from workers.caught_up import CaughtUp
 from workers.commits import CommitOnRevoke, commit_done
 from workers.dead_letters import set_aside
 from workers.engine.port import EngineClient
@@ -46,9 +47,9 @@ log = structlog.get_logger()
 PRIORITY = {"interactive": 0, "batch": 10}
 IDLE_WAIT_S = 0.05
 """How long a turn waits for a slot to free when nothing can be fetched or started."""
-ANNOUNCED_POLL_S = 0.2
-"""How long an idle worker keeps polling after a job is announced (the announcement may
-arrive before the job is written)."""
+SETTLE_FETCH_ROUNDS = 3
+"""Fetch rounds (of `fetch_max_wait_s`) a partition must come back empty, after the last
+announcement, before the worker counts it caught up (`CaughtUp`)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class PullLoop:
         fair_lookahead: int = 4,
         teams: TeamActivity | None = None,
         idle_fetch_interval_s: float | None = None,
+        fetch_max_wait_s: float = 0.01,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
@@ -99,8 +101,9 @@ class PullLoop:
         self._wake = asyncio.Event()
         self._announced = asyncio.Event()
         """A job was queued for this pool (`announced()`): fetch now, even when idle."""
-        self._announced_at = 0.0
-        self._idle_fetch_interval_s = idle_fetch_interval_s
+        self._caught_up: CaughtUp[TopicPartition] = CaughtUp(
+            SETTLE_FETCH_ROUNDS * fetch_max_wait_s, idle_fetch_interval_s
+        )
         self._stopping = asyncio.Event()
         self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
 
@@ -116,8 +119,9 @@ class PullLoop:
 
     @property
     def polling(self) -> bool:
-        """False while every assigned partition is paused (an idle worker waiting for an
-        announced job, or one with no room for any job): no fetch reaches the broker."""
+        """False while every assigned partition is paused (a worker that has fetched all there
+        is, waiting for an announced job, or one with no room for any job): no fetch reaches
+        the broker."""
         assignment = self._consumer.assignment()
         return not assignment or not assignment <= self._consumer.paused()
 
@@ -131,9 +135,9 @@ class PullLoop:
         self._wake.set()
 
     def announced(self) -> None:
-        """A gateway queues a job for this pool (a `JobWake`): an idle loop polls now, and
-        for ANNOUNCED_POLL_S."""
-        self._announced_at = time.monotonic()
+        """A job was queued for this pool (a `JobWake`), or the assignment changed: a quiet
+        loop polls again now, until it has caught up (`CaughtUp`)."""
+        self._caught_up.announced(time.monotonic())
         self._announced.set()
 
     async def cancel(self, request_id: str) -> bool:
@@ -179,21 +183,14 @@ class PullLoop:
 
     async def _wait_idle(self) -> None:
         """Nothing was fetched and nothing woke the turn: wait for a slot to free or a job to
-        be announced, up to IDLE_WAIT_S. A worker with no work at all (none running or held),
-        given an idle fetch interval, also stops polling the broker: it pauses its
-        partitions for up to that interval, and the next turn's fetch plan resumes them.
-        An empty fetch poll every few milliseconds costs the broker and the worker CPU that
-        an engine on the same machine needs, for nothing."""
+        be announced, up to IDLE_WAIT_S, or, while caught up (every partition paused, no
+        fetch reaching the broker), up to the safety poll. An empty fetch poll every few
+        milliseconds costs the broker and the worker CPU that an engine on the same machine
+        needs, for nothing."""
         if self._announced.is_set():
             return
-        wait_s = IDLE_WAIT_S
-        interval = self._idle_fetch_interval_s
-        polling = time.monotonic() - self._announced_at < ANNOUNCED_POLL_S
-        assignment = self._consumer.assignment()
-        idle = assignment and not self._running and not self.buffered
-        if interval is not None and idle and not polling:
-            self._consumer.pause(*assignment)
-            wait_s = interval
+        quiet_for = self._caught_up.quiet_for(time.monotonic())
+        wait_s = IDLE_WAIT_S if quiet_for is None else quiet_for
         waits = [asyncio.ensure_future(e.wait()) for e in (self._wake, self._announced)]
         try:
             await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
@@ -289,13 +286,21 @@ class PullLoop:
             waiting_in=blocking,
             most_buffered=self._lookahead + 2 * self._engine.max_num_seqs,
         )
+        if self._caught_up.quiet(assignment, time.monotonic()):
+            self._consumer.pause(*assignment)  # nothing new until a job is announced
+            return 0
         self._consumer.pause(*plan.pause)
         self._consumer.resume(*plan.resume)
         if plan.max_records <= 0 or not assignment:
+            self._caught_up.not_fetched(assignment)
             if not assignment:
                 await asyncio.sleep(IDLE_WAIT_S)  # still joining the group
             return 0
+        self._caught_up.not_fetched(plan.pause)
+        started_at = time.monotonic()
         batches = await self._fetch_or_start(plan.max_records)
+        found = {tp: len(records) for tp, records in batches.items()}
+        self._caught_up.fetched(plan.resume, found, started_at, time.monotonic())
         count = 0
         for tp, records in batches.items():
             for record in records:

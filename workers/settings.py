@@ -85,11 +85,12 @@ class WorkerSettings(BaseSettings):
     weighted fair queue can choose between teams when a slot frees. Uncommitted: a crash
     re-delivers them."""
     idle_fetch_interval_s: float = Field(default=0.5, ge=0, le=60)
-    """A worker with no job running or held stops polling the broker: it fetches when a
-    gateway (or the batch service, `llmq replay`, a worker re-queuing) announces a job for
-    its pool over Redis pub/sub, and at least this often: a job whose announcement was lost
-    (Redis away) waits up to this long. 0: poll every `fetch_max_wait_ms` while idle too.
-    At most 60 s, well inside the consumer's `max_poll_interval_ms`."""
+    """A worker that has fetched everything in its partitions (empty fetches for three rounds
+    of `fetch_max_wait_ms` since the last announcement) stops polling the broker, idle or
+    busy: it fetches again when a gateway (or the batch service, `llmq replay`, a worker
+    re-queuing) announces a job for its pool over Redis pub/sub, and at least this often: a
+    job whose announcement was lost (Redis away) waits up to this long. 0: always poll every
+    `fetch_max_wait_ms`. At most 60 s, well inside the consumer's `max_poll_interval_ms`."""
     fetch_max_wait_ms: int = Field(default=10, ge=1, le=5_000)
     """How long a fetch of job records waits on the broker for records to arrive. Kafka (and
     MSK) answer a waiting fetch as soon as records arrive, so set 500 there: an idle worker

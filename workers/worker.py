@@ -141,6 +141,7 @@ class Worker:
                 fair_lookahead=settings.fair_lookahead,
                 teams=teams,
                 idle_fetch_interval_s=settings.idle_fetch_interval_s or None,
+                fetch_max_wait_s=settings.fetch_max_wait_ms / 1000,
             )
             self._loop = loop
             heartbeat.partitions = loop.assigned

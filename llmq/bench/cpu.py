@@ -24,19 +24,23 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def process_tree_cpu_s(pid: int) -> float:
-    """User + system seconds of `pid` and its living descendants (0 if it is gone)."""
+def process_tree_cpu_s(pid: int, skip: frozenset[int] = frozenset()) -> float:
+    """User + system seconds of `pid` and its living descendants, leaving out the trees of
+    those in `skip` (0 if it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     own = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime
-    return own + sum(process_tree_cpu_s(child) for child in _children(pid))
+    children = [child for child in _children(pid) if child not in skip]
+    return own + sum(process_tree_cpu_s(child, skip) for child in children)
 
 
 def cpu_snapshot(pids: Mapping[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each named process tree."""
-    return {name: process_tree_cpu_s(pid) for name, pid in pids.items()}
+    """CPU seconds so far of each named process tree; a process named in its own right (a
+    worker the controller spawned) counts under its name, not under its parent's."""
+    named = frozenset(pids.values())
+    return {name: process_tree_cpu_s(pid, named - {pid}) for name, pid in pids.items()}
 
 
 def cpu_per_1k_tokens(
@@ -48,8 +52,27 @@ def cpu_per_1k_tokens(
     return {name: (after[name] - before.get(name, 0.0)) * 1000 / tokens for name in after}
 
 
+def _replica_id(pid: int) -> str | None:
+    """`LLMQ_REPLICA_ID` of a process the controller spawned (None: not a replica)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"LLMQ_REPLICA_ID="):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
 def dev_stack_pids() -> dict[str, int]:
-    """The local stack's processes by part name (gateway, worker, tansu, valkey ...)."""
+    """The local stack's processes by part name (gateway, controller, tansu, valkey ...),
+    and each worker replica the controller spawned as `worker:<replica id>`."""
     from llmq.devstack import read_state
 
-    return {part.name: part.pid for part in read_state() or []}
+    pids = {part.name: part.pid for part in read_state() or []}
+    controller = pids.get("controller")
+    for child in _children(controller) if controller is not None else []:
+        replica = _replica_id(child)
+        if replica is not None:
+            pids[f"worker:{replica}"] = child
+    return pids

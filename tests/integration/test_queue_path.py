@@ -7,6 +7,7 @@ waiting request, and offsets are committed only after terminal events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
@@ -95,6 +96,37 @@ async def test_an_idle_worker_stops_polling_until_a_job_is_announced(
     await eventually(state, paused, within=30)  # idle again: paused again
     worker.drain()
     await asyncio.wait_for(task, 30)
+
+
+async def test_a_busy_worker_stops_polling_once_its_partitions_are_empty(
+    pool: str, producer: KafkaProducer, relay: RedisReplyRelay, kafka_bootstrap: str,
+    redis_url: str, redis: Redis,
+) -> None:  # fmt: skip
+    # While a job generates, nothing new is in the partitions until the next announcement:
+    # the worker sends the broker no fetch, and still starts an announced job beside it.
+    engine = ScriptedEngine(tokens=2, hold={"req-long"})
+    worker, task = start_worker(pool, kafka_bootstrap, redis_url, engine, idle_fetch_interval_s=60)
+    await asyncio.wait_for(worker.ready.wait(), 60)
+    loop = worker.pull_loop
+    assert loop is not None
+    announced = AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis))
+
+    async def state() -> tuple[int, bool]:
+        assert loop is not None
+        return loop.in_flight, loop.polling
+
+    for rid in ("req-long", "req-next"):
+        relay.open(rid)
+    await announced.submit(make_job(pool, relay, "req-long"))
+    await eventually(state, lambda s: s == (1, False), within=30)  # generating, not polling
+    await announced.submit(make_job(pool, relay, "req-next"))
+    events = await collect(relay, "req-next")
+    assert isinstance(events[-1], FinishEvent)
+    await eventually(state, lambda s: s == (1, False), within=30)
+    assert "req-long" in engine.running
+    task.cancel()  # the held job never ends
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def test_usage_records_land_on_the_usage_topic(

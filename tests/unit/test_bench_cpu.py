@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llmq.bench.cpu import cpu_per_1k_tokens, process_tree_cpu_s
+from llmq.bench.cpu import cpu_per_1k_tokens, cpu_snapshot, process_tree_cpu_s
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 
@@ -26,6 +26,11 @@ def test_a_process_tree_counts_its_childrens_cpu() -> None:
         assert process_tree_cpu_s(child.pid) >= 0.3
         # This process's tree includes the child.
         assert process_tree_cpu_s(os.getpid()) >= process_tree_cpu_s(child.pid)
+        # Named in its own right (a worker the controller spawned), it counts only there.
+        alone = process_tree_cpu_s(os.getpid(), frozenset({child.pid}))
+        snapshot = cpu_snapshot({"parent": os.getpid(), "child": child.pid})
+        assert snapshot["child"] >= 0.3
+        assert snapshot["parent"] < alone + 0.2 < process_tree_cpu_s(os.getpid())
     finally:
         child.communicate(b"")
     assert process_tree_cpu_s(child.pid) == 0.0  # gone: nothing to read
