@@ -37,7 +37,6 @@ from topics.ports import (
     UsageSink,
 )
 from workers.dead_letters import dead_letter_for_failing_job
-from workers.early_start import EarlyStart
 from workers.engine.port import EngineClient, EngineRequestError
 from workers.job_output import Buffered, JobOutput
 from workers.job_start import GatheredJobStart
@@ -120,42 +119,34 @@ class JobRunner:
         re-queued (and dead-lettered once its runs have failed `max_failed_runs` times)."""
         bound = log.bind(request_id=job.request_id, team=job.team, model=job.model)
         delivered = UsageCounts()
-        key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
-        started = time.time()
-        self._load.started(job)
-        early = EarlyStart.of(self._engine, job) if job.tier == "interactive" else None
         try:
             # Its prompt leaves the queue now (admission counts queued prompt tokens per pool;
             # the job's share of slot time stays counted until it ends: `_finished`).
-            # One round trip before the engine, not four, while an interactive job's prefill
-            # already runs (`EarlyStart`). (A run of a finished job also counts a start,
-            # harmless: it never runs again.)
+            # One round trip before the engine, not four. (A run of a finished job also
+            # counts a start, harmless: it never runs again.)
+            key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
             checks = await self._start.begin(job, key)
             finished, earlier, cancelled = checks.finished, checks.earlier, checks.cancelled
             forced = job.replay is not None and job.replay.force
-            ended: JobOutcome | None = None
             if finished and not forced:
                 bound.info("job_skipped_finished")
-                ended = JobOutcome("duplicate", UsageCounts())
-            elif cancelled:
-                delivered = earlier.delivered
+                return JobOutcome("duplicate", UsageCounts())
+            delivered = earlier.delivered
+            if cancelled:
                 await self._finished(job, "cancelled", delivered, time.time())
-                ended = JobOutcome("cancelled", delivered)
-            else:
-                delivered = earlier.delivered
-                ended = await self._ended_before_running(job, earlier, origin)
-        except BaseException as exc:
-            await self._not_started(job, early)
-            if isinstance(exc, asyncio.CancelledError) and job.request_id in self._client_cancelled:
+                return JobOutcome("cancelled", delivered)
+            ended = await self._ended_before_running(job, earlier, origin)
+            if ended is not None:
+                return ended
+        except asyncio.CancelledError:
+            if job.request_id in self._client_cancelled:
                 # Its client cancelled it before it reached the engine: that is its end too,
                 # recorded (and its quota reservation refunded) like any other.
                 self._client_cancelled.discard(job.request_id)
                 await self._finished(job, "cancelled", delivered, time.time())
             raise
-        if ended is not None:
-            await self._not_started(job, early)
-            return ended
 
+        started = time.time()
         usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))
         outcome = "stop"
         # Batch output is published whole at the end: a batch job may be preempted and run
@@ -165,9 +156,9 @@ class JobRunner:
         published = usage  # what reached a gateway (a non-streaming one buffers it)
         seq = 0
         first_token_at: float | None = None
-        steps = early.steps() if early is not None else self._engine.generate(job)
+        self._load.started(job)
         try:
-            async for step in steps:
+            async for step in self._engine.generate(job):
                 usage = UsageCounts(
                     prompt_tokens=step.prompt_tokens,
                     cached_tokens=step.cached_tokens,
@@ -253,14 +244,6 @@ class JobRunner:
         finally:
             self._ending.discard(job.request_id)
         return JobOutcome(outcome, usage)
-
-    async def _not_started(self, job: InferenceJob, early: EarlyStart | None) -> None:
-        """A job that ends before its run (its checks said so, or it was cancelled): stop
-        its early prefill and free its place in the load."""
-        if early is not None:
-            with contextlib.suppress(Exception):
-                await early.stop(self._engine)
-        self._load.finished(job.request_id)
 
     async def _ended_before_running(
         self, job: InferenceJob, earlier: AttemptRecord, origin: JobOrigin | None
