@@ -3,10 +3,12 @@ a job the broker did not take."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from schemas.messages import InferenceJob, SamplingSettings
-from topics.counted_queue import CountedJobQueue
+from topics.counted_queue import AnnouncedJobQueue, CountedJobQueue
 from topics.ports import JobReceipt
 
 
@@ -38,10 +40,13 @@ class Backlog:
 class Queue:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
+        self.acked = 0
 
     async def submit(self, job: InferenceJob, *, partition: int | None = None) -> JobReceipt:
+        await asyncio.sleep(0)  # the broker's round trip: an announcement beside it goes first
         if self.fail:
             raise ConnectionError("broker down")
+        self.acked += 1
         return JobReceipt(topic="t", partition=partition or 0, offset=7)
 
     async def partitions(self, pool: str, tier: str) -> int:
@@ -68,3 +73,23 @@ async def test_a_job_the_broker_did_not_take_is_uncounted() -> None:
     with pytest.raises(ConnectionError):
         await queue.submit(JOB)
     assert [call[0] for call in backlog.calls] == ["add", "remove"]
+
+
+class Wake:
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.announced: list[tuple[str, int]] = []
+
+    async def announce(self, pool: str) -> None:
+        self.announced.append((pool, self.queue.acked))
+
+
+async def test_a_job_is_announced_once_the_broker_has_it() -> None:
+    # A worker woken by the announcement fetches at once: the job must be there already.
+    queue = Queue()
+    wake = Wake(queue)
+    await AnnouncedJobQueue(queue, wake).submit(JOB)  # type: ignore[arg-type]
+    assert wake.announced == [("p", 1)]
+    with pytest.raises(ConnectionError):
+        await AnnouncedJobQueue(Queue(fail=True), wake).submit(JOB)  # type: ignore[arg-type]
+    assert len(wake.announced) == 1  # nothing queued: nothing announced
