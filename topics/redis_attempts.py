@@ -20,7 +20,8 @@ from topics.redis_reply_batch import RedisReplyBatch
 class RedisJobAttempts:
     def __init__(self, redis: Redis, ttl_s: int = 86_400) -> None:
         self._redis = redis
-        self._ttl_s = ttl_s
+        self.ttl_s = ttl_s
+        """How long a job's hash lives after its last run began."""
         self._batch = RedisReplyBatch(redis)
 
     async def begin(self, key: str) -> AttemptRecord:
@@ -34,7 +35,7 @@ class RedisJobAttempts:
         a pipeline; `record` reads their first two replies."""
         pipe.hincrby(key, "starts", 1)
         pipe.hgetall(key)
-        pipe.expire(key, self._ttl_s)
+        pipe.expire(key, self.ttl_s)
 
     @staticmethod
     def record(starts: Any, fields: dict[bytes, bytes]) -> AttemptRecord:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
 from topics.catalog import PriorityClass, backlog_key, team_backlogs_key, team_waiting_key
 from topics.ports import BacklogAdmission
@@ -22,8 +21,8 @@ NO_TEAM = "-"
 
 # KEYS: the pool's counter, the pool's per-team hash, the per-team waiting hash. ARGV:
 # tokens, ttl in ms, team, waiting tokens. Each is lowered and clamped at 0; a team at 0
-# leaves its hash.
-_REMOVE = """
+# leaves its hash. (A worker's start script runs the same lines: `REMOVE_LUA`.)
+REMOVE_LUA = """
 local n = tonumber(ARGV[1])
 local left = (tonumber(redis.call('GET', KEYS[1])) or 0) - n
 if left < 0 then left = 0 end
@@ -39,8 +38,8 @@ local function lower(key, by)
 end
 lower(KEYS[2], n)
 if tonumber(ARGV[4]) > 0 then lower(KEYS[3], tonumber(ARGV[4])) end
-return 1
 """
+_REMOVE = REMOVE_LUA + "return 1\n"
 
 # KEYS: the pool's counter, the pool's per-team hash, the per-team waiting hash. ARGV:
 # tokens, limit, ttl in ms, team, waiting tokens.
@@ -143,21 +142,13 @@ class RedisBacklog:
             args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, waiting],
         )
 
-    async def queue_remove(
-        self,
-        pipe: Pipeline,
-        pool: str,
-        tier: PriorityClass,
-        prompt_tokens: int,
-        team: str | None = None,
-    ) -> bool:
-        """Queue `remove`'s script onto a pipeline (one reply); False: nothing to remove,
-        nothing queued."""
-        if prompt_tokens <= 0:
-            return False
+    def removal(
+        self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None
+    ) -> tuple[list[str], list[int | str]]:
+        """KEYS and ARGV of `REMOVE_LUA` for a job that starts (its waiting tokens too), for
+        a script that runs those lines among others."""
         args: list[int | str] = [prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, prompt_tokens]
-        await self._remove(keys=self._keys(pool, tier), args=args, client=pipe)
-        return True
+        return self._keys(pool, tier), args
 
     async def queued(self, pool: str, tier: PriorityClass) -> int:
         raw = await self._redis.get(backlog_key(pool, tier))
