@@ -72,7 +72,15 @@ class BatchFanout:
             return
         if current.batch.status == "validating":
             current = await self._validate(current)
-        if current is not None and current.batch.status in ("in_progress", "cancelling"):
+        if current is None:
+            return
+        if current.batch.status == "cancelling" and current.batch.model is None:
+            # Cancelled before it was validated (the cancel beat this event): no line was
+            # produced, so none will report; it ends now, with empty output.
+            await self._finalizer.finalize(batch_id, "cancelled")
+            log.info("batch_cancelled_before_validation", batch_id=batch_id)
+            return
+        if current.batch.status in ("in_progress", "cancelling"):
             await self._fan_out(current)
 
     async def _validate(self, current: StoredBatch) -> StoredBatch | None:

@@ -271,6 +271,25 @@ async def test_fanout_validates_then_resumes_after_a_crash_without_skipping_a_li
     assert job.cache_salt == deployment.cache_salt("team-a") != deployment.cache_salt("team-b")
 
 
+async def test_a_batch_cancelled_before_it_was_validated_ends_cancelled_with_nothing_produced(
+    redis: Redis, files: S3FileStore, producer: KafkaProducer, pool: str
+) -> None:
+    # The cancel can land before the batch service reads the batch's creation event.
+    store = RedisBatchStore(redis)
+    batch = await new_batch(store, files, "team-a", 3)
+    assert await store.transition(batch.id, "cancelling", ("validating",))
+    fanout = BatchFanout(
+        store, files, KafkaJobQueue(producer), RedisBacklog(redis),
+        ChatRenderer({"m@1": CharTokenizer()}),
+        ServedModels([Deployment(name="m", path="unused", pool=pool)]),
+        BatchFinalizer(store, files, "test", 30), max_requests=100, chunk=3,
+    )  # fmt: skip
+    await fanout.handle(batch.id)
+    ended = await store.get(batch.id)
+    assert ended is not None and ended.batch.status == "cancelled"
+    assert ended.batch.request_counts.total == 0 and ended.cursor == 0
+
+
 async def test_invalid_file_fails_the_batch_with_line_numbers(
     redis: Redis, files: S3FileStore, producer: KafkaProducer, pool: str
 ) -> None:
