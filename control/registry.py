@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from schemas.adapters import AdapterRecord, adapter_key, is_adapter_key
 from schemas.deployment import Deployment
 from schemas.registry import DeploymentRecord, TrafficSplit, spec_of
 from schemas.registry import DeploymentVersion as Version
@@ -28,6 +29,8 @@ Listener = Callable[[str, DeploymentRecord | None], Awaitable[None]]
 """Called with each name whose record changed (None: deleted), after it is folded."""
 Change = Callable[[DeploymentRecord | None], DeploymentRecord | None]
 """Given a name's current record, the record it should have (the same one: no change)."""
+AdapterChange = Callable[[AdapterRecord | None], AdapterRecord | None]
+"""Given an adapter's current record, the record it should have (None: delete it)."""
 
 
 class RegistryConflict(RuntimeError):
@@ -39,12 +42,14 @@ class RegistryUnavailable(RuntimeError):
 
 
 class DeploymentRegistry:
-    """The fold of the registry log: name -> the highest-revision record seen first."""
+    """The fold of the registry log: name -> the highest-revision record seen first; teams'
+    adapters likewise under their own keys (`schemas.adapters.adapter_key`)."""
 
     def __init__(self, registry_log: RegistryLog, *, now: Callable[[], float] = time.time) -> None:
         self._log = registry_log
         self._now = now
         self._records: dict[str, DeploymentRecord] = {}
+        self._adapters: dict[str, AdapterRecord] = {}
         self._listeners: list[Listener] = []
         self._folded = -1
         self._advanced = asyncio.Condition()
@@ -60,6 +65,15 @@ class DeploymentRegistry:
 
     def get(self, name: str) -> DeploymentRecord | None:
         return self._records.get(name)
+
+    @property
+    def adapters(self) -> list[AdapterRecord]:
+        """Every team's adapters."""
+        return list(self._adapters.values())
+
+    def adapter(self, team: str, name: str) -> AdapterRecord | None:
+        """Team `team`'s adapter `name` (None: it has none of that name)."""
+        return self._adapters.get(adapter_key(team, name))
 
     async def start(self, timeout_s: float = 30.0) -> None:
         """Fold the log up to its end as it is now, then follow it in the background."""
@@ -88,7 +102,11 @@ class DeploymentRegistry:
         while True:
             try:
                 async for entry in self._log.entries():
-                    changed = self._fold(entry.name, entry.record)
+                    if is_adapter_key(entry.name):
+                        changed = False
+                        self._fold_adapter(entry.name, entry.record)
+                    else:
+                        changed = self._fold(entry.name, entry.record)
                     if changed:
                         for listener in self._listeners:
                             try:
@@ -105,7 +123,21 @@ class DeploymentRegistry:
                 log.warning("registry_follow_failed", error=type(exc).__name__)
                 await asyncio.sleep(1.0)
 
-    def _fold(self, name: str, record: DeploymentRecord | None) -> bool:
+    def _fold_adapter(self, key: str, record: DeploymentRecord | AdapterRecord | None) -> None:
+        if record is None:
+            self._adapters.pop(key, None)
+            return
+        current = self._adapters.get(key)
+        if not isinstance(record, AdapterRecord) or record.key != key:
+            log.warning("registry_record_skipped", key=key, reason="not this key's adapter")
+        elif current is None or record.revision > current.revision:
+            self._adapters[key] = record
+            log.info("registry_folded", adapter=key, revision=record.revision)
+
+    def _fold(self, name: str, record: DeploymentRecord | AdapterRecord | None) -> bool:
+        if isinstance(record, AdapterRecord):
+            log.warning("registry_record_skipped", key=name, reason="an adapter under a name")
+            return False
         current = self._records.get(name)
         if record is None:
             return self._records.pop(name, None) is not None
@@ -140,6 +172,35 @@ class DeploymentRegistry:
                 return won
             log.info("registry_write_lost", deployment=name, revision=record.revision)
         raise RegistryConflict(f"deployment {name!r} kept changing under this write")
+
+    async def update_adapter(
+        self, team: str, name: str, change: AdapterChange, attempts: int = 3
+    ) -> AdapterRecord | None:
+        """Apply `change` to team `team`'s adapter `name` and write the result (None: delete
+        it); retried on a conflicting write. `change` may raise to refuse. Returns the record
+        that won (None once deleted)."""
+        key = adapter_key(team, name)
+        for _ in range(attempts):
+            current = self._adapters.get(key)
+            wanted = change(current)
+            if wanted == current:
+                return current
+            record = None
+            if wanted is not None:
+                record = wanted.model_copy(
+                    update={
+                        "revision": current.revision + 1 if current is not None else 1,
+                        "written_by": uuid.uuid4().hex,
+                        "updated_at": int(self._now()),
+                    }
+                )
+            await self.wait_folded(await self._log.publish(key, record))
+            won = self._adapters.get(key)
+            if record is None or (won is not None and won.written_by == record.written_by):
+                log.info("registry_written", adapter=key, deleted=record is None)
+                return won if record is not None else None
+            log.info("registry_write_lost", adapter=key)
+        raise RegistryConflict(f"adapter {key!r} kept changing under this write")
 
     async def seed(self, deployments: list[Deployment]) -> None:
         """Register each configured deployment (`LLMQ_DEPLOYMENTS`) the registry lacks, as its

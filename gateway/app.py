@@ -18,7 +18,18 @@ from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimitMiddleware, default_max_request_bytes
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import install_openapi
-from gateway.routers import batches, chat, completions, deployments, files, health, models
+from gateway.routers import (
+    adapters,
+    batches,
+    chat,
+    completions,
+    deployments,
+    files,
+    health,
+    models,
+)
+from gateway.s3_adapter_files import S3AdapterFiles
+from gateway.services.adapters import AdaptersService
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.arms import ArmRecorder
 from gateway.services.batches import BatchesService
@@ -85,11 +96,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             )
 
         first = settings.deployments[0].name if settings.deployments else None
-        registry = ModelRegistry([], replicas, prepare, default=first)
         registry_log = KafkaRegistryLog(
             settings.kafka_bootstrap, producer, client_id, settings.registry_poll_ms
         )
         deployment_registry = DeploymentRegistry(registry_log)
+        registry = ModelRegistry([], replicas, prepare, default=first, adapters=deployment_registry)
         deployment_registry.listen(registry.apply)
         quota = QuotaService(RedisTokenBucket(redis), settings.teams)
         usage = KafkaUsageStream(settings.kafka_bootstrap, catalog.QUOTA_GROUP, client_id)
@@ -145,6 +156,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.chat_service = ChatService(intake, relay, cancels, metrics, arms)
         app.state.completion_service = CompletionService(intake, relay, cancels, metrics, arms)
         app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
+        app.state.adapters_service = AdaptersService(
+            deployment_registry,
+            S3AdapterFiles(settings.s3_endpoint_url),
+            app.state.authenticator.knows_team,
+        )
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
             RedisBatchStore(redis),
@@ -191,6 +207,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(deployments.router)
+    app.include_router(adapters.router)
     app.include_router(health.router)
     install_openapi(app, [ChatCompletionRequest, ChatCompletion, CompletionRequest, Completion])
     return app

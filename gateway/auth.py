@@ -30,6 +30,14 @@ class Team:
     policy: TeamPolicy = field(default_factory=TeamPolicy)
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request to an API that both teams and admins use."""
+
+    team: Team | None
+    """The key's team; None for an admin key."""
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -163,6 +171,22 @@ class ApiKeyAuthenticator:
         self._failed(client, "unknown_key")
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
+    def caller_for(self, authorization: str | None, *, client: str | None = None) -> Caller:
+        """A team key's team, or an admin (`Caller.team` None); 401 for anything else."""
+        self._check_throttle(client)
+        digest = self._digest(authorization, client)
+        team = self._teams_by_hash.get(digest)
+        if team is not None:
+            return Caller(team=team)
+        if digest in self._admin_hashes:
+            return Caller(team=None)
+        self._failed(client, "unknown_key")
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def knows_team(self, name: str) -> bool:
+        """Whether `name` is a configured team."""
+        return any(team.name == name for team in self._teams_by_hash.values())
+
     def _check_throttle(self, client: str | None) -> None:
         if self._throttle is not None and client is not None:
             wait = self._throttle.retry_after(client)
@@ -209,3 +233,10 @@ def current_admin(request: Request) -> None:
     authenticator: ApiKeyAuthenticator = request.app.state.authenticator
     client = request.client.host if request.client else None
     authenticator.admin_for(request.headers.get("authorization"), client=client)
+
+
+def current_caller(request: Request) -> Caller:
+    """FastAPI dependency: a team key's team or an admin key (401 otherwise)."""
+    authenticator: ApiKeyAuthenticator = request.app.state.authenticator
+    client = request.client.host if request.client else None
+    return authenticator.caller_for(request.headers.get("authorization"), client=client)

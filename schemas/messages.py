@@ -160,6 +160,21 @@ class CallerTags(BaseModel):
         )
 
 
+class AdapterRef(BaseModel):
+    """What a worker needs to apply an adapter to one job: carried in the job itself, so a
+    job already queued runs as it was admitted even if its adapter is deleted or replaced."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    """`team/name`: unique across teams (the routing hash and the engine's adapter name)."""
+    weights_uri: str
+    """Where the adapter's folder is (`s3://bucket/prefix`: adapter_config.json and weights)."""
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The folder digest (`llmq weights digest`), checked before the engine loads it."""
+    rank: int = Field(ge=1)
+
+
 class InferenceJob(Message):
     """One request to run: produced by the gateway (or batch service), consumed by a worker."""
 
@@ -173,7 +188,8 @@ class InferenceJob(Message):
     versions existed); `system_fingerprint` reports it."""
     arm: Arm | None = None
     """How that version was chosen: the traffic split's stable or canary share, or pinned."""
-    adapter: str | None = None
+    adapter: AdapterRef | None = None
+    """The team's LoRA adapter applied to the base model (None: the base alone)."""
     tier: Tier = "interactive"
     team_weight: float = 1.0
     """The team's share in weighted fair ordering between teams of one priority class."""

@@ -1,4 +1,4 @@
-"""`GET /v1/models`: OpenAI's `Model` and list shapes."""
+"""`GET /v1/models`: OpenAI's `Model` and list shapes, with vLLM's `root` and `parent`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ class Model(BaseModel):
     created: int
     object: Literal["model"] = "model"
     owned_by: str = "llmq"
+    root: str | None = None
+    """The base model this one runs on (vLLM's field): itself for a deployment."""
+    parent: str | None = None
+    """For a LoRA adapter, the deployment it applies to (vLLM's field); None otherwise."""
 
 
 class ModelList(BaseModel):

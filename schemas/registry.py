@@ -1,19 +1,22 @@
-"""The registry's records: what `llmq.registry` (a compacted Kafka topic) holds per deployment.
+"""The registry's records: what `llmq.registry` (a compacted Kafka topic) holds per deployment
+(and per team's LoRA adapter: `schemas.adapters`).
 
-The topic is keyed by deployment name and compacted, so only the latest record of a name
-survives: each record is therefore the deployment's whole state (every version, the traffic
-split), never a change. A record carries a `revision`; readers fold the log keeping, per name,
-the first record of each revision in offset order, so two writers racing on the same revision
-cannot both win (the loser sees it lost and retries). A tombstone (no value) deletes a name.
+The topic is keyed by deployment name (adapters by `adapter:<team>:<name>`) and compacted, so
+only the latest record of a name survives: each record is therefore the deployment's whole
+state (every version, the traffic split), never a change. A record carries a `revision`;
+readers fold the log keeping, per name, the first record of each revision in offset order, so
+two writers racing on the same revision cannot both win (the loser sees it lost and retries).
+A tombstone (no value) deletes a name.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from schemas.adapters import AdapterRecord
 from schemas.deployment import Deployment, ReplicaBounds
 from schemas.messages import Message
 from schemas.rollout import EvalResult, Rollout, RolloutEvent
@@ -157,6 +160,11 @@ class DeploymentRecord(Message):
         if found is None:
             raise KeyError(version)
         return found.serving(self.name)
+
+
+RegistryRecord = Annotated[DeploymentRecord | AdapterRecord, Field(discriminator="type")]
+"""What the registry log holds under a key: a deployment's record or a team's adapter's."""
+registry_record_adapter: TypeAdapter[DeploymentRecord | AdapterRecord] = TypeAdapter(RegistryRecord)
 
 
 def spec_of(deployment: Deployment, version: str = "1") -> DeploymentSpec:

@@ -11,7 +11,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from pydantic import ValidationError
 
-from schemas.registry import DeploymentRecord
+from schemas.adapters import AdapterRecord
+from schemas.registry import DeploymentRecord, registry_record_adapter
 from topics import catalog
 from topics.kafka import KafkaProducer
 from topics.ports import RegistryEntry
@@ -71,7 +72,7 @@ class KafkaRegistryLog:
         self._stopped = True
         await self._consumer.stop()
 
-    async def publish(self, name: str, record: DeploymentRecord | None) -> int:
+    async def publish(self, name: str, record: DeploymentRecord | AdapterRecord | None) -> int:
         value = record.to_bytes() if record is not None else None
         receipt = await self._producer.send(catalog.REGISTRY_TOPIC, value, key=name.encode())
         return receipt.offset
@@ -88,10 +89,10 @@ class KafkaRegistryLog:
                     log.warning("registry_record_skipped", offset=message.offset, reason="no key")
                     continue
                 name = message.key.decode()
-                record: DeploymentRecord | None = None
+                record: DeploymentRecord | AdapterRecord | None = None
                 if message.value is not None:
                     try:
-                        record = DeploymentRecord.model_validate_json(message.value)
+                        record = registry_record_adapter.validate_json(message.value)
                     except ValidationError as exc:  # a newer schema, or garbage: skip it
                         log.warning(
                             "registry_record_skipped",

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from schemas.adapters import AdapterRecord
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import (
     BatchResultEvent,
@@ -292,17 +293,18 @@ class UsageSink(Protocol):
 
 @dataclass(frozen=True)
 class RegistryEntry:
-    """One record of the registry log: a deployment's state, or its deletion (None)."""
+    """One record of the registry log: a deployment's or an adapter's state, or its deletion
+    (None); `name` is the record's key."""
 
     offset: int
     name: str
-    record: DeploymentRecord | None
+    record: DeploymentRecord | AdapterRecord | None
 
 
 class RegistryLog(Protocol):
     """The registry topic: read from its start and followed live; written by admins."""
 
-    async def publish(self, name: str, record: DeploymentRecord | None) -> int:
+    async def publish(self, name: str, record: DeploymentRecord | AdapterRecord | None) -> int:
         """Append `record` (None: delete `name`); return its offset once the log has it."""
         ...
 

@@ -34,7 +34,7 @@ from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment, version_ref
 from schemas.generation import GenerationRequest
-from schemas.messages import Arm, CallerTags, InferenceJob, sampling_settings
+from schemas.messages import AdapterRef, Arm, CallerTags, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from schemas.tools import ToolPlan
 from topics import catalog
@@ -98,7 +98,8 @@ class JobIntake:
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
-        deployment, arm = self._registry.route(request.model, request.sticky_key)
+        route = self._registry.route_for(team.name, request.model, request.sticky_key)
+        deployment = route.deployment
         tools = request.tool_plan
         if tools is not None and tools.mode == "auto":
             if deployment.tool_call_parser is None:
@@ -112,7 +113,7 @@ class JobIntake:
             tools = dataclasses.replace(tools, parser=deployment.tool_call_parser)
         prompt = await self._render(deployment.ref, request)
         admitted = await self.admit_prompt(
-            deployment, request, prompt, team, reply_to, "chatcmpl", arm
+            deployment, request, prompt, team, reply_to, "chatcmpl", route.arm, route.adapter
         )
         return dataclasses.replace(admitted, tools=tools)
 
@@ -121,14 +122,22 @@ class JobIntake:
     ) -> list[AdmittedJob]:
         """A completions request, one job per prompt, all admitted or none: a refusal
         releases what the prompts admitted before it."""
-        deployment, arm = self._registry.route(request.model, request.sticky_key)
+        route = self._registry.route_for(team.name, request.model, request.sticky_key)
+        deployment = route.deployment
         prompts = [await self._encode(deployment.ref, request, p) for p in request.prompts]
         admitted: list[AdmittedJob] = []
         try:
             for prompt in prompts:
                 admitted.append(
                     await self.admit_prompt(
-                        deployment, request, prompt, team, reply_to, "cmpl", arm
+                        deployment,
+                        request,
+                        prompt,
+                        team,
+                        reply_to,
+                        "cmpl",
+                        route.arm,
+                        route.adapter,
                     )
                 )
         except ApiError:
@@ -146,6 +155,7 @@ class JobIntake:
         reply_to: str,
         id_prefix: str,
         arm: Arm | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AdmittedJob:
         """One prompt's job up to producing: context, readiness, load shedding, quota and
         routing; refusals are raised as `ApiError`s."""
@@ -250,6 +260,7 @@ class JobIntake:
             pool=deployment.pool,
             model_version=deployment.version,
             arm=arm,
+            adapter=adapter,
             tier=tier,
             team_weight=policy.weight,
             prompt_token_ids=tuple(prompt),
@@ -270,7 +281,7 @@ class JobIntake:
             pool=deployment.pool,
             salt=job.cache_salt or team.name,
             prompt_token_ids=prompt,
-            adapter=None,
+            adapter=adapter.id if adapter is not None else None,
             partitions=partitions,
             replicas=replicas,
             topic=catalog.job_topic(deployment.pool, tier),

@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from control.served import Prepare, ServedModels
 from gateway.errors import ApiError, model_not_found
 from gateway.settings import Deployment
+from schemas.adapters import AdapterRecord
 from schemas.heartbeat import ReplicaHeartbeat
-from schemas.messages import Arm
+from schemas.messages import AdapterRef, Arm
 from topics.ports import ReplicaDirectory
 
 log = structlog.get_logger()
@@ -58,6 +61,25 @@ class ReplicaView:
         return [r for r in self._by_pool.get(pool, []) if r.state == "ready" and r.healthy]
 
 
+class AdapterCatalog(Protocol):
+    """Every team's adapters (`DeploymentRegistry`, folded from the registry log)."""
+
+    @property
+    def adapters(self) -> list[AdapterRecord]: ...
+
+    def adapter(self, team: str, name: str) -> AdapterRecord | None: ...
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request for a model name runs: a deployment version, how it was chosen, and
+    the team's LoRA adapter applied to it (None: the base model alone)."""
+
+    deployment: Deployment
+    arm: Arm
+    adapter: AdapterRef | None = None
+
+
 class ModelRegistry:
     """The served models (`ServedModels`, kept in step with the registry log by `apply`), as
     the API answers for them, and whether each has a ready replica."""
@@ -68,9 +90,11 @@ class ModelRegistry:
         replicas: ReplicaView,
         prepare: Prepare | None = None,
         default: str | None = None,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
         self.served = ServedModels(deployments, prepare)
         self._default = default
+        self._adapters = adapters
         self.apply = self.served.apply
         self.replicas = replicas
 
@@ -103,6 +127,41 @@ class ModelRegistry:
         if routed is None:
             raise model_not_found(model)
         return routed
+
+    def adapter(self, team: str, name: str) -> AdapterRecord | None:
+        """Team `team`'s adapter `name` (None: none, or no adapters in this process)."""
+        return self._adapters.adapter(team, name) if self._adapters is not None else None
+
+    def adapters_of(self, team: str) -> list[AdapterRecord]:
+        """Team `team`'s adapters."""
+        if self._adapters is None:
+            return []
+        return [a for a in self._adapters.adapters if a.team == team]
+
+    def route_for(self, team: str, model: str, sticky: str | None = None) -> Route:
+        """What a request of `team` for `model` runs on: a deployment (see `route`), else
+        the team's adapter of that name on its base's stable version (an adapter is trained
+        on one base's weights, so it never follows that base's canary). 404 when `team` has
+        neither; 400 for an adapter workers could not load."""
+        routed = self.served.route(model, sticky)
+        if routed is not None:
+            return Route(*routed)
+        adapter = self.adapter(team, model)
+        if adapter is None:
+            raise model_not_found(model)
+        if adapter.status == "failed":
+            raise ApiError(
+                400,
+                f"The adapter `{model}` failed to load on its base `{adapter.base}` "
+                f"({adapter.failure}); register working weights again with PUT "
+                f"/v1/adapters/{model}.",
+                param="model",
+                code="adapter_failed",
+            )
+        base = self.served.stable.get(adapter.base)
+        if base is None:
+            raise model_not_found(model)
+        return Route(base, "stable", adapter.ref)
 
     def require_ready(self, deployment: Deployment) -> None:
         """503 when no ready replica of the deployment's pool is heartbeating."""
