@@ -31,6 +31,9 @@ SETTINGS_FROM_SPEC = (
     "batch_max_in_flight",
     "sim_model",
     "sim_time_scale",
+    "max_lora_rank",
+    "max_loras",
+    "max_cpu_loras",
 )
 """`engine_args` a version may set for its workers (their `LLMQ_*` settings; the `sim_*`
 ones only matter to simulated workers)."""

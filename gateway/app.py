@@ -153,14 +153,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         cancels = RedisCancelBus(redis)
         arms = ArmRecorder(RedisArmStats(redis), registry.served)
-        app.state.chat_service = ChatService(intake, relay, cancels, metrics, arms)
-        app.state.completion_service = CompletionService(intake, relay, cancels, metrics, arms)
-        app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
-        app.state.adapters_service = AdaptersService(
+        adapters_service = AdaptersService(
             deployment_registry,
             S3AdapterFiles(settings.s3_endpoint_url),
             app.state.authenticator.knows_team,
         )
+        app.state.adapters_service = adapters_service
+        failed = adapters_service.mark_failed_ref
+        app.state.chat_service = ChatService(intake, relay, cancels, metrics, arms, failed)
+        app.state.completion_service = CompletionService(
+            intake, relay, cancels, metrics, arms, failed
+        )
+        app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
             RedisBatchStore(redis),

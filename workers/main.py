@@ -21,8 +21,12 @@ log = structlog.get_logger()
 def build_engine(settings: WorkerSettings) -> EngineClient:
     if settings.engine == "simulated":
         return build_simulated_engine(settings)
-    from workers.engine.vllm_engine import VllmEngine
+    from workers.adapter_folders import AdapterFolders, S3AdapterSource
+    from workers.engine.vllm_engine import LoraSettings, VllmEngine
 
+    lora = None
+    if settings.max_lora_rank > 0:
+        lora = LoraSettings(settings.max_lora_rank, settings.max_loras, settings.max_cpu_loras)
     engine: EngineClient = VllmEngine(
         settings.model_path,
         settings.model,
@@ -30,6 +34,11 @@ def build_engine(settings: WorkerSettings) -> EngineClient:
         max_model_len=settings.max_model_len,
         dtype=settings.dtype,
         kv_cache_bytes=round(settings.kv_cache_gib * 2**30),
+        lora=lora,
+        adapter_folders=AdapterFolders(
+            Path(settings.weights_cache_dir) / "adapters",
+            S3AdapterSource(settings.s3_endpoint_url),
+        ),
     )
     return engine
 

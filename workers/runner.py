@@ -222,9 +222,9 @@ class JobRunner:
             bound.info("job_abandoned", reason="no gateway listens", tokens=usage.completion_tokens)
         except EngineRequestError as exc:  # the same on every run: answer it, do not retry
             bound.info("job_refused_by_engine", tokens=delivered.completion_tokens)
-            outcome, usage = "invalid_request", delivered
+            outcome, usage = exc.code, delivered
             await self._output.error(
-                job, "invalid_request", f"The engine refused this request: {exc}", delivered
+                job, exc.code, f"The engine refused this request: {exc}", delivered
             )
         except Exception as exc:
             bound.error("job_failed", error=type(exc).__name__, attempt=earlier.attempt)

@@ -63,6 +63,16 @@ class WorkerSettings(BaseSettings):
     beyond max_num_seqs."""
     max_model_len: int = 2048
     """Prompt plus output tokens per request."""
+    max_lora_rank: int = Field(default=0, ge=0)
+    """The largest LoRA rank this worker's engine applies; 0 runs no LoRA (requests naming an
+    adapter fail). The deployment sets it (`engine_args.max_lora_rank`), which is also what
+    lets teams register adapters of it."""
+    max_loras: int = Field(default=4, ge=1)
+    """LoRA adapters one engine step mixes (vLLM's max_loras): requests of more adapters
+    wait for a slot."""
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    """Adapters kept loaded in host memory, least recently used evicted first (vLLM's
+    max_cpu_loras; None: max_loras). An evicted adapter reloads from the node's disk cache."""
     kv_cache_gib: float = 1.0
     """KV cache size on the CPU engine, any fraction of a GiB (vLLM's kv_cache_memory_bytes);
     GPUs size it themselves."""

@@ -31,6 +31,7 @@ from schemas.adapters import (
     AdapterSpec,
     is_valid_adapter_name,
 )
+from schemas.messages import AdapterRef
 from schemas.registry import DeploymentRecord
 
 log = structlog.get_logger()
@@ -215,6 +216,14 @@ class AdaptersService:
         await self._registry.update_adapter(owner, name, lambda _current: None)
         log.info("adapter_deleted", team=owner, adapter=name)
         return AdapterDeleted(id=name)
+
+    async def mark_failed_ref(self, adapter: AdapterRef, reason: str) -> None:
+        """`mark_failed` for the adapter a failed job carried (`team/name`)."""
+        team, _, name = adapter.id.partition("/")
+        try:
+            await self.mark_failed(team, name, adapter.sha256, reason)
+        except Exception as exc:  # the registry away: the next failing request tries again
+            log.warning("adapter_mark_failed_failed", adapter=adapter.id, error=repr(exc))
 
     async def mark_failed(self, team: str, name: str, sha256: str, reason: str) -> None:
         """Record that workers cannot load the adapter (only the registered weights whose

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -22,7 +23,14 @@ from gateway.services.arms import ArmRecorder
 from gateway.services.intake import AdmittedJob, JobIntake
 from schemas.deployment import version_ref
 from schemas.generation import ServiceTier
-from schemas.messages import CancelEvent, ErrorEvent, FinishEvent, InferenceJob, TokenEvent
+from schemas.messages import (
+    AdapterRef,
+    CancelEvent,
+    ErrorEvent,
+    FinishEvent,
+    InferenceJob,
+    TokenEvent,
+)
 from schemas.tools import ToolPlan
 from topics.ports import CancelBus, ReplyEventT, ReplyRelay, ReplySubscription
 
@@ -40,10 +48,16 @@ def fingerprint(job: InferenceJob) -> str | None:
     return version_ref(job.model, job.model_version)
 
 
+ADAPTER_LOAD_FAILED = "adapter_load_failed"
+"""The error code of a job whose LoRA adapter its worker's engine could not load."""
+AdapterFailed = Callable[[AdapterRef, str], Coroutine[Any, Any, None]]
+"""Records that an adapter cannot be loaded (`AdaptersService.mark_failed_ref`)."""
+
+
 def api_error_of(event: ErrorEvent) -> ApiError:
     """The HTTP answer to a job that failed: 400 when the engine refused the request itself,
     504 when it ran out of time, 500 otherwise."""
-    if event.code == "invalid_request":
+    if event.code in ("invalid_request", ADAPTER_LOAD_FAILED):
         return ApiError(400, event.message, code=event.code)
     status = 504 if event.code in ("timeout", "deadline_exceeded") else 500
     return ApiError(status, event.message, type_="server_error", code=event.code)
@@ -82,8 +96,10 @@ class JobRelay:
         cancels: CancelBus,
         metrics: GatewayMetrics,
         arms: ArmRecorder | None = None,
+        adapter_failed: AdapterFailed | None = None,
     ) -> None:
         self._intake = intake
+        self._adapter_failed = adapter_failed
         self._arms = arms
         self._relay = relay
         self._cancels = cancels
@@ -196,6 +212,11 @@ class JobRelay:
             active.outcome = "ok"
         elif isinstance(event, ErrorEvent):
             active.outcome = event.code
+            adapter = active.job.adapter
+            if event.code == ADAPTER_LOAD_FAILED and adapter and self._adapter_failed:
+                task = asyncio.create_task(self._adapter_failed(adapter, event.message))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     def _finish(self, active: ActiveRequest) -> None:
         """Once per request: stop listening, cancel it if abandoned, record metrics."""

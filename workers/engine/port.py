@@ -17,6 +17,16 @@ class EngineRequestError(ValueError):
     """The engine refused the request itself (a grammar it cannot compile, a value it does
     not accept): every run would fail the same way, so it is answered, not retried."""
 
+    code = "invalid_request"
+    """The error code the caller gets."""
+
+
+class AdapterLoadError(EngineRequestError):
+    """The job's LoRA adapter could not be fetched, verified or loaded: that adapter's
+    requests fail (and the gateway marks it failed); the base and other adapters serve on."""
+
+    code = "adapter_load_failed"
+
 
 @dataclass(frozen=True)
 class EngineStep:

@@ -15,13 +15,14 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 import structlog
 
 from schemas.chat import ChatCompletionTokenLogprob, TopLogprob
-from schemas.messages import InferenceJob, SamplingSettings
-from workers.engine.port import EngineRequestError, EngineStats, EngineStep
+from schemas.messages import AdapterRef, InferenceJob, SamplingSettings
+from workers.engine.port import AdapterLoadError, EngineRequestError, EngineStats, EngineStep
 
 log = structlog.get_logger()
 
@@ -65,6 +66,27 @@ def token_logprobs(
             )
         )
     return tuple(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, at most 300 characters (engine errors can be pages)."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The engine's LoRA limits (the worker's `max_lora_rank`, `max_loras`, ...)."""
+
+    max_lora_rank: int
+    max_loras: int
+    max_cpu_loras: int | None = None
+
+
+class AdapterFolderSource(Protocol):
+    async def folder(self, adapter: AdapterRef) -> Path:
+        """The adapter's verified local folder."""
+        ...
 
 
 def openai_finish_reason(reason: str | None) -> str:
@@ -139,6 +161,8 @@ class VllmEngine:
         dtype: str = "bfloat16",
         kv_cache_bytes: int | None = None,
         enforce_eager: bool = True,
+        lora: LoraSettings | None = None,
+        adapter_folders: AdapterFolderSource | None = None,
     ) -> None:
         self.model_path = model_path
         self.served_name = served_name
@@ -148,6 +172,11 @@ class VllmEngine:
         self.dtype = dtype
         self.kv_cache_bytes = kv_cache_bytes
         self.enforce_eager = enforce_eager
+        self.lora = lora
+        self._adapter_folders = adapter_folders
+        self._adapter_ids: dict[str, int] = {}
+        """Adapter digest -> its id in the engine (vLLM's lora_int_id), once loaded."""
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
         self._llm: Any = None
         self._load = _Load()
         self._in_flight: Counter[str] = Counter()
@@ -174,6 +203,13 @@ class VllmEngine:
                 backend=STRUCTURED_OUTPUT_BACKEND, disable_any_whitespace=True
             ),
         }
+        if self.lora is not None:
+            options.update(
+                enable_lora=True,
+                max_lora_rank=self.lora.max_lora_rank,
+                max_loras=self.lora.max_loras,
+                max_cpu_loras=self.lora.max_cpu_loras or self.lora.max_loras,
+            )
         from vllm.platforms import current_platform
 
         if self.kv_cache_bytes is not None and current_platform.is_cpu():
@@ -247,6 +283,7 @@ class VllmEngine:
             params = self._sampling_params(job.sampling)
         except (VLLMClientError, ValueError) as exc:  # building them only validates values
             raise EngineRequestError(str(exc)) from exc
+        lora_request = await self._lora_request(job) if job.adapter is not None else None
         prompt = TokensPrompt(prompt_token_ids=list(job.prompt_token_ids))
         if job.cache_salt is not None:
             prompt["cache_salt"] = job.cache_salt  # only same-salt requests share cached blocks
@@ -254,7 +291,11 @@ class VllmEngine:
         self._in_flight[request_id] += 1
         finished = False
         stream: AsyncGenerator[Any, None] = self._llm.generate(
-            prompt, params, request_id, priority=TIER_PRIORITY.get(job.tier, 0)
+            prompt,
+            params,
+            request_id,
+            priority=TIER_PRIORITY.get(job.tier, 0),
+            lora_request=lora_request,
         )
         try:
             async for output in stream:
@@ -287,6 +328,60 @@ class VllmEngine:
             await stream.aclose()  # vLLM aborts the request if it is still running
             if not finished and request_id not in self._in_flight:
                 await self._abort_quietly(request_id)  # by id, in case it never started
+
+    async def _lora_request(self, job: InferenceJob) -> Any:
+        """vLLM's `LoRARequest` for the job's adapter, loaded into the engine on first use
+        (fetched and verified first); `AdapterLoadError` when that fails. The engine keeps
+        its least recently used adapters in host memory and reloads evicted ones from the
+        verified folder on disk."""
+        from vllm.lora.request import LoRARequest
+
+        adapter = job.adapter
+        assert adapter is not None
+        if self.lora is None or self._adapter_folders is None:
+            raise AdapterLoadError(
+                f"adapter {adapter.id!r}: this worker runs without LoRA (max_lora_rank 0)"
+            )
+        if adapter.rank > self.lora.max_lora_rank:
+            raise AdapterLoadError(
+                f"adapter {adapter.id!r} has rank {adapter.rank}, above this worker's "
+                f"max_lora_rank of {self.lora.max_lora_rank}"
+            )
+        sha256 = adapter.sha256
+        try:
+            folder = await self._adapter_folders.folder(adapter)
+        except Exception as exc:
+            raise AdapterLoadError(f"adapter {adapter.id!r} could not be fetched: {exc}") from exc
+        name = f"{adapter.id}@{sha256[:12]}"
+        known = self._adapter_ids.get(sha256)
+        if known is not None:
+            return LoRARequest(name, known, str(folder))
+        lock = self._adapter_locks.setdefault(sha256, asyncio.Lock())
+        async with lock:
+            if sha256 in self._adapter_ids:
+                return LoRARequest(name, self._adapter_ids[sha256], str(folder))
+            request = LoRARequest(name, len(self._adapter_ids) + 1, str(folder))
+            started = time.monotonic()
+            try:
+                await self._llm.add_lora(request)
+            except Exception as exc:
+                log.warning("adapter_load_failed", adapter=adapter.id, sha256=sha256[:12])
+                raise AdapterLoadError(
+                    f"adapter {adapter.id!r} could not be loaded: {_first_line(exc)}"
+                ) from exc
+            self._adapter_ids[sha256] = request.lora_int_id
+            log.info(
+                "adapter_loaded",
+                adapter=adapter.id,
+                sha256=sha256[:12],
+                seconds=round(time.monotonic() - started, 3),
+            )
+            return request
+
+    @property
+    def loaded_adapters(self) -> list[str]:
+        """Digests of the adapters this engine has loaded (some may be evicted since)."""
+        return list(self._adapter_ids)
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
