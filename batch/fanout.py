@@ -26,11 +26,12 @@ from batch.validation import (
     parse_line,
     validate,
 )
+from control.registry import AdapterCatalog
 from control.served import ServedModels
 from schemas.batches import BatchError, BatchErrors, endpoint_of
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment
-from schemas.messages import BatchLineRef, InferenceJob, sampling_settings
+from schemas.messages import AdapterRef, BatchLineRef, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from topics import catalog
 from topics.ports import JobQueue, QueueBacklog
@@ -52,7 +53,9 @@ class BatchFanout:
         max_requests: int,
         chunk: int,
         quota: LineQuota | None = None,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
+        self._adapters = adapters
         self._store = store
         self._files = files
         self._queue = queue
@@ -89,7 +92,11 @@ class BatchFanout:
         try:
             lines = iter_lines(self._files.read(batch.input_file_id))
             report = await validate(
-                lines, self._models.stable.keys(), self._max_requests, endpoint_of(batch)
+                lines,
+                self._models.stable.keys(),
+                self._max_requests,
+                endpoint_of(batch),
+                self._adapter_bases(current.team),
             )
         except FileNotFoundError:
             report = None
@@ -117,6 +124,25 @@ class BatchFanout:
             seconds=round(time.monotonic() - started, 3),
         )
         return await self._store.get(batch.id)
+
+    def _adapter_bases(self, team: str) -> dict[str, str]:
+        """Team `team`'s usable adapters: name -> base deployment."""
+        if self._adapters is None:
+            return {}
+        return {
+            a.name: a.base
+            for a in self._adapters.adapters
+            if a.team == team and a.status == "ready"
+        }
+
+    def _adapter_ref(self, team: str, model: str, deployment: Deployment) -> AdapterRef | None:
+        """The adapter a line names (None: the line names the deployment itself)."""
+        if model == deployment.name:
+            return None
+        adapter = self._adapters.adapter(team, model) if self._adapters is not None else None
+        if adapter is None or adapter.base != deployment.name or adapter.status != "ready":
+            raise LineError("model_not_found", f"The model `{model}` does not exist (any more).")
+        return adapter.ref
 
     async def _fan_out(self, current: StoredBatch) -> None:
         batch = current.batch
@@ -200,6 +226,7 @@ class BatchFanout:
         self, current: StoredBatch, deployment: Deployment, line: BatchLine
     ) -> InferenceJob:
         batch = current.batch
+        adapter = self._adapter_ref(current.team, line.body.model, deployment)
         prompt = await self._prompt(deployment, line)
         room = deployment.max_model_len - len(prompt)
         max_tokens = line.body.output_limit or room
@@ -216,6 +243,7 @@ class BatchFanout:
             model=deployment.name,
             pool=deployment.pool,
             model_version=deployment.version,
+            adapter=adapter,
             tier="batch",
             team_weight=self._quota.policy(current.team).weight if self._quota else 1.0,
             prompt_token_ids=tuple(prompt),

@@ -150,7 +150,7 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         RedisBacklog(redis),
         renderer, models, finalizer,
         max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
-        quota=LineQuota(RedisTokenBucket(redis), settings.teams),
+        quota=LineQuota(RedisTokenBucket(redis), settings.teams), adapters=registry,
     )  # fmt: skip
     collector = ResultCollector(results, store, finalizer)
     sweeper = BatchSweeper(store, finalizer, settings)

@@ -12,7 +12,7 @@ Pure logic: the caller streams lines in (see `batch.ports.iter_lines`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, Collection
+from collections.abc import AsyncIterable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -146,8 +146,12 @@ async def validate(
     models: Collection[str],
     max_requests: int,
     endpoint: BatchEndpoint = "/v1/chat/completions",
+    adapter_bases: Mapping[str, str] | None = None,
 ) -> ValidationReport:
-    """Check every line; a batch must name one known model throughout."""
+    """Check every line; a batch must name one known model throughout: one deployment, or
+    its team's adapters of it (`adapter_bases`: adapter name -> base), mixed with it or not.
+    The report's model is that deployment."""
+    bases = adapter_bases or {}
     report = ValidationReport()
     seen: set[str] = set()
     async for index, line_no, raw in numbered_requests(lines):
@@ -170,10 +174,13 @@ async def validate(
                 "custom_id",
             )
         seen.add(line.custom_id)
-        model = line.body.model
-        if model not in models:
+        model = line.body.model if line.body.model in models else bases.get(line.body.model)
+        if model is None or model not in models:
             report.add(
-                line_no, "model_not_found", f"The model `{model}` does not exist.", "body.model"
+                line_no,
+                "model_not_found",
+                f"The model `{line.body.model}` does not exist.",
+                "body.model",
             )
         elif report.model is None:
             report.model = model

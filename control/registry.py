@@ -14,6 +14,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
@@ -31,6 +32,16 @@ Change = Callable[[DeploymentRecord | None], DeploymentRecord | None]
 """Given a name's current record, the record it should have (the same one: no change)."""
 AdapterChange = Callable[[AdapterRecord | None], AdapterRecord | None]
 """Given an adapter's current record, the record it should have (None: delete it)."""
+
+
+class AdapterCatalog(Protocol):
+    """Every team's adapters (`DeploymentRegistry`, folded from the registry log,
+    is one)."""
+
+    @property
+    def adapters(self) -> list[AdapterRecord]: ...
+
+    def adapter(self, team: str, name: str) -> AdapterRecord | None: ...
 
 
 class RegistryConflict(RuntimeError):

@@ -174,6 +174,11 @@ class AdapterRef(BaseModel):
     """The folder digest (`llmq weights digest`), checked before the engine loads it."""
     rank: int = Field(ge=1)
 
+    @property
+    def name(self) -> str:
+        """The adapter's name within its team: what the caller put in `model`."""
+        return self.id.partition("/")[2]
+
 
 class InferenceJob(Message):
     """One request to run: produced by the gateway (or batch service), consumed by a worker."""
@@ -229,6 +234,11 @@ class InferenceJob(Message):
     def slot_units(self) -> int:
         """The part of `backlog_units` held until the job ends (its share of slot time)."""
         return self.backlog_units - len(self.prompt_token_ids)
+
+    @property
+    def requested_model(self) -> str:
+        """The model name the caller used: the adapter's, else the deployment's."""
+        return self.adapter.name if self.adapter is not None else self.model
 
 
 class UsageCounts(BaseModel):
@@ -383,6 +393,8 @@ class UsageRecord(Message):
     model: str
     model_version: str | None = None
     """The version that ran the request."""
+    adapter: str | None = None
+    """The team's LoRA adapter applied (`team/name`); None: the base model alone."""
     arm: Arm | None = None
     """Its arm of the traffic split (`stable`, `canary`, `pinned`), so a canary comparison
     can be audited from usage afterwards."""

@@ -53,7 +53,7 @@ class JobOutput:
                 BatchResultEvent(
                     request_id=job.request_id,
                     batch=job.batch,
-                    model=job.model,
+                    model=job.requested_model,
                     model_version=job.model_version,
                     text="".join(first.parts) if first else "",
                     finish_reason=finish_reason,
@@ -89,7 +89,7 @@ class JobOutput:
                 BatchResultEvent(
                     request_id=job.request_id,
                     batch=job.batch,
-                    model=job.model,
+                    model=job.requested_model,
                     model_version=job.model_version,
                     error_code=code,
                     error_message=message,

@@ -339,6 +339,7 @@ class JobRunner:
                 team=job.team,
                 model=job.model,
                 model_version=job.model_version,
+                adapter=job.adapter.id if job.adapter is not None else None,
                 arm=job.arm,
                 tier=job.tier,
                 prompt_tokens=usage.prompt_tokens,

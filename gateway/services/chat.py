@@ -92,7 +92,7 @@ class ChatService(JobRelay):
             return ChatCompletionChunk(
                 id=job.request_id,
                 created=active.created,
-                model=job.model,
+                model=job.requested_model,
                 choices=choices,
                 usage=usage,
                 service_tier=served_tier(job),
@@ -187,7 +187,7 @@ class ChatService(JobRelay):
                 return ChatCompletion(
                     id=active.job.request_id,
                     created=active.created,
-                    model=active.job.model,
+                    model=active.job.requested_model,
                     choices=choices,
                     usage=completion_usage(event.usage),
                     service_tier=served_tier(active.job),

@@ -244,7 +244,7 @@ class CompletionService(JobRelay):
         return Completion(
             id=active.id,
             created=active.created,
-            model=first.model,
+            model=first.requested_model,
             choices=choices,
             usage=completion_usage(usage) if usage is not None else None,
             service_tier=served_tier(first),

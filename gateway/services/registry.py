@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
+from control.registry import AdapterCatalog
 from control.served import Prepare, ServedModels
 from gateway.errors import ApiError, model_not_found
 from gateway.settings import Deployment
@@ -59,15 +59,6 @@ class ReplicaView:
 
     def ready(self, pool: str) -> list[ReplicaHeartbeat]:
         return [r for r in self._by_pool.get(pool, []) if r.state == "ready" and r.healthy]
-
-
-class AdapterCatalog(Protocol):
-    """Every team's adapters (`DeploymentRegistry`, folded from the registry log)."""
-
-    @property
-    def adapters(self) -> list[AdapterRecord]: ...
-
-    def adapter(self, team: str, name: str) -> AdapterRecord | None: ...
 
 
 @dataclass(frozen=True)
