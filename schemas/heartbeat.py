@@ -35,6 +35,9 @@ class ReplicaHeartbeat(Message):
     reported)."""
     mean_job_s: float = 0.0
     """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
+    adapters: tuple[str, ...] = ()
+    """The LoRA adapters (`team/name`) its engine has loaded: routing prefers a replica that
+    holds a job's adapter when it spills that adapter's requests off its home worker."""
     engine: Literal["vllm", "simulated"] = "vllm"
     """What runs the jobs; ``simulated`` is a modelled GPU replica with placeholder text."""
     sent_at: float

@@ -57,6 +57,7 @@ class Heartbeat:
             prefill_tokens_per_s=self._prefill_rate(stats),
             max_num_seqs=self._slots(),
             mean_job_s=self.load.mean_job_s() if self.load else 0.0,
+            adapters=stats.adapters if stats else (),
             engine=self._engine_kind,
             sent_at=time.time(),
         )

@@ -2,9 +2,17 @@
 
 Kafka gives each partition of a job topic to one worker of the pool, so choosing the partition
 chooses the worker. The preferred partition is a stable hash of the prompt's first blocks
-(salted with the job's prefix-cache salt, so per team unless teams share a cache; with the
-LoRA adapter hashed in), so requests sharing a prefix reach the
-worker holding it in its prefix cache. Bounded load walks away from an overloaded owner.
+(salted with the job's prefix-cache salt, so per team unless teams share a cache), so requests
+sharing a prefix reach the worker holding it in its prefix cache. Bounded load walks away from
+an overloaded owner.
+
+A LoRA adapter's requests hash by the adapter alone: its home partition's worker loads it
+once and serves all of it (its prefix cache is the adapter's own anyway). Placement follows
+demand: while the home worker keeps up, a rarely used adapter stays on that one worker; once
+the adapter's load makes it overloaded, bounded load spills requests along the ring, to a
+worker that already holds the adapter when one can take them (heartbeats list the adapters a
+replica has loaded), so a busy adapter spreads over a few workers rather than being loaded
+everywhere, and one replica's adapter slots are not churned by every adapter in the pool.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Literal
 
 from schemas.heartbeat import ReplicaHeartbeat
 
-RouteReason = Literal["affinity", "bounded_load", "no_owner_info"]
+RouteReason = Literal["affinity", "bounded_load", "no_owner_info", "adapter_resident"]
 """Why a partition was chosen.
 
 - ``affinity``: the preferred partition (its owner is live and not overloaded, or every live
@@ -25,6 +33,8 @@ RouteReason = Literal["affinity", "bounded_load", "no_owner_info"]
 - ``bounded_load``: the preferred partition's owner is overloaded; walked to the next one.
 - ``no_owner_info``: no live replica reports owning the preferred partition; walked to the next
   owned one, or kept it when no partition of the topic has a live owner.
+- ``adapter_resident``: the preferred partition's owner is overloaded; walked to the first
+  partition whose owner can take it and already holds the job's adapter.
 """
 
 
@@ -104,7 +114,8 @@ class PartitionRouter:
         partitions: int,
         cache_key: str | None = None,
     ) -> int:
-        """A stable hash (BLAKE2b, the same in every process) of salt, prefix and adapter.
+        """A stable hash (BLAKE2b, the same in every process) of salt and prefix, or of the
+        adapter alone for an adapter's requests (see the module docstring).
 
         The salt is the job's prefix-cache salt: requests that may share cached blocks (one
         team, or teams sharing a cache) hash alike; others spread independently. A caller's
@@ -113,6 +124,9 @@ class PartitionRouter:
         if partitions < 1:
             raise ValueError("a topic has at least one partition")
         digest = hashlib.blake2b(digest_size=8, person=b"llmq-route")
+        if adapter is not None:
+            digest.update(b"adapter:" + adapter.encode())
+            return int.from_bytes(digest.digest(), "big") % partitions
         salt_bytes = salt.encode()
         digest.update(struct.pack("<I", len(salt_bytes)) + salt_bytes)
         if cache_key is not None:
@@ -120,8 +134,6 @@ class PartitionRouter:
         else:
             prefix = self.affinity_prefix(prompt_token_ids)
             digest.update(struct.pack(f"<I{len(prefix)}I", len(prefix), *prefix))
-        if adapter is not None:
-            digest.update(b"adapter:" + adapter.encode())
         return int.from_bytes(digest.digest(), "big") % partitions
 
     def choose(
@@ -148,16 +160,20 @@ class PartitionRouter:
         owners = partition_owners(topic, partitions, live)
         overloaded = self._overloaded(live, len(prompt_token_ids))
         walk = [(preferred + step) % partitions for step in range(partitions)]
-
-        for partition in walk:
-            owner = owners.get(partition)
-            if owner is not None and owner.replica_id not in overloaded:
-                return RouteDecision(
-                    partition=partition,
-                    preferred_partition=preferred,
-                    reason=self._reason(partition, preferred, owners),
-                    owner_replica_id=owner.replica_id,
-                )
+        open_ = [p for p in walk if p in owners and owners[p].replica_id not in overloaded]
+        if open_ and adapter is not None and open_[0] != preferred:
+            resident = next((p for p in open_ if adapter in owners[p].adapters), None)
+            if resident is not None:
+                owner_id = owners[resident].replica_id
+                return RouteDecision(resident, preferred, "adapter_resident", owner_id)
+        if open_:
+            partition = open_[0]
+            return RouteDecision(
+                partition=partition,
+                preferred_partition=preferred,
+                reason=self._reason(partition, preferred, owners),
+                owner_replica_id=owners[partition].replica_id,
+            )
         # Every live owner is overloaded, or no partition has a live owner.
         if preferred in owners:
             return RouteDecision(preferred, preferred, "affinity", owners[preferred].replica_id)

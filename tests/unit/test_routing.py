@@ -260,3 +260,49 @@ def test_a_prompt_cache_key_routes_different_prompts_together() -> None:
     assert len({route(p, "faq-bot") for p in prompts}) == 1
     assert len({route(p, None) for p in prompts}) > 1
     assert len({route(prompts[0], f"key-{i}") for i in range(32)}) > 1
+
+
+def _adapter_route(
+    router: PartitionRouter, prompt: list[int], replicas: list[ReplicaHeartbeat]
+) -> RouteDecision:
+    return router.choose(
+        pool="small",
+        salt="search",
+        prompt_token_ids=prompt,
+        adapter="team-a/support",
+        partitions=N,
+        replicas=replicas,
+        topic=TOPIC,
+    )
+
+
+def test_an_adapters_requests_share_one_home_whatever_their_prompts() -> None:
+    router = PartitionRouter()
+    homes = {
+        router.preferred_partition(
+            salt=f"team-{i}", prompt_token_ids=[i] * 300, adapter="team-a/support", partitions=N
+        )
+        for i in range(32)
+    }
+    assert len(homes) == 1
+
+
+def test_a_spilled_adapter_request_goes_to_a_replica_that_holds_the_adapter() -> None:
+    router = PartitionRouter()
+    home = _adapter_route(router, SYSTEM, []).preferred_partition
+    ring = [(home + step) % N for step in range(N)]
+    # The home owner is overloaded; the next owner on the ring is idle but lacks the adapter;
+    # a third, further along, holds it.
+    busy = beat("busy", [ring[0]], in_flight=20)
+    idle = beat("idle", [ring[1], ring[2]], in_flight=1)
+    holder = beat("holder", [ring[3], *ring[4:]], in_flight=2).model_copy(
+        update={"adapters": ("team-a/support",)}
+    )
+    spilled = _adapter_route(router, SYSTEM, [busy, idle, holder])
+    assert (spilled.partition, spilled.reason) == (ring[3], "adapter_resident")
+    # Nobody holds it: the plain bounded-load walk.
+    plain = _adapter_route(router, SYSTEM, [busy, idle, holder.model_copy(update={"adapters": ()})])
+    assert (plain.partition, plain.reason) == (ring[1], "bounded_load")
+    # The home owner keeps up: it serves the adapter even if others hold it too.
+    calm = _adapter_route(router, SYSTEM, [busy.model_copy(update={"in_flight": 2}), idle, holder])
+    assert (calm.partition, calm.reason) == (home, "affinity")

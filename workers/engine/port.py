@@ -55,6 +55,8 @@ class EngineStats:
     prefill_tokens_per_s: float = 0.0
     """Prompt tokens (cached ones included) absorbed per second of engine steps that
     finished prefills; 0 until measured."""
+    adapters: tuple[str, ...] = ()
+    """The LoRA adapters (`team/name`) the engine has loaded."""
 
 
 class EngineClient(Protocol):

@@ -9,6 +9,7 @@ requests it has in flight and never reports more running or waiting requests tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import time
@@ -177,6 +178,9 @@ class VllmEngine:
         self._adapter_ids: dict[str, int] = {}
         """Adapter digest -> its id in the engine (vLLM's lora_int_id), once loaded."""
         self._adapter_locks: dict[str, asyncio.Lock] = {}
+        self._next_adapter_id = 0
+        self._adapter_names: dict[str, str] = {}
+        """Adapter digest -> its `team/name`, once loaded."""
         self._llm: Any = None
         self._load = _Load()
         self._in_flight: Counter[str] = Counter()
@@ -360,16 +364,23 @@ class VllmEngine:
         async with lock:
             if sha256 in self._adapter_ids:
                 return LoRARequest(name, self._adapter_ids[sha256], str(folder))
-            request = LoRARequest(name, len(self._adapter_ids) + 1, str(folder))
+            self._next_adapter_id += 1  # never reused: a failed id may linger in the engine
+            request = LoRARequest(name, self._next_adapter_id, str(folder))
             started = time.monotonic()
             try:
+                # Loaded ahead of any request: vLLM checks an adapter's tensors against the
+                # model only when it activates them, and a request that activates a bad
+                # adapter kills the whole engine; a failed add_lora fails only this call.
                 await self._llm.add_lora(request)
             except Exception as exc:
                 log.warning("adapter_load_failed", adapter=adapter.id, sha256=sha256[:12])
+                with contextlib.suppress(Exception):  # else it may hold one of max_loras
+                    await self._llm.remove_lora(request.lora_int_id)
                 raise AdapterLoadError(
                     f"adapter {adapter.id!r} could not be loaded: {_first_line(exc)}"
                 ) from exc
             self._adapter_ids[sha256] = request.lora_int_id
+            self._adapter_names[sha256] = adapter.id
             log.info(
                 "adapter_loaded",
                 adapter=adapter.id,
@@ -377,11 +388,6 @@ class VllmEngine:
                 seconds=round(time.monotonic() - started, 3),
             )
             return request
-
-    @property
-    def loaded_adapters(self) -> list[str]:
-        """Digests of the adapters this engine has loaded (some may be evicted since)."""
-        return list(self._adapter_ids)
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
@@ -397,8 +403,11 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         """Scheduler load, bounded by the requests this adapter has in flight."""
         in_flight = self._in_flight.total()
+        adapters = tuple(sorted(set(self._adapter_names.values())))
         if in_flight == 0:
-            return EngineStats(prefill_tokens_per_s=self._load.prefill_tokens_per_s())
+            return EngineStats(
+                prefill_tokens_per_s=self._load.prefill_tokens_per_s(), adapters=adapters
+            )
         running = min(self._load.running, in_flight)
         waiting = min(self._load.waiting, in_flight - running)
         return EngineStats(
@@ -406,6 +415,7 @@ class VllmEngine:
             waiting=waiting,
             kv_cache_usage=self._load.kv_cache_usage,
             prefill_tokens_per_s=self._load.prefill_tokens_per_s(),
+            adapters=adapters,
         )
 
     async def shutdown(self) -> None:
