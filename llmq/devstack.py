@@ -130,6 +130,8 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "replicas": {"min": settings.workers, "max": settings.workers},
     }
     deployments = [deployment]
+    if settings.max_lora_rank > 0:
+        deployments = [{**deployment, "engine_args": {"max_lora_rank": settings.max_lora_rank}}]
     if settings.second_model:
         deployments.append(
             {

@@ -52,6 +52,9 @@ class DevStackSettings(BaseSettings):
     worker's 10 s default twice in a row, and the worker restarted itself mid-benchmark."""
     tool_call_parser: str | None = "hermes"
     """How the model writes tool calls in text, for `tool_choice: "auto"` (None: refused)."""
+    max_lora_rank: int = 8
+    """The first model's workers run LoRA up to this rank (its `engine_args.max_lora_rank`),
+    so teams can register adapters of it; 0 runs it without LoRA."""
     kv_cache_gib: float = 1.0
     """KV-cache memory of the worker's engine, in GiB."""
     partitions: int = 8

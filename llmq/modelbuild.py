@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from llmq import paths
+from llmq.adapterbuild import ADAPTER_BUILDERS
 
 log = structlog.get_logger()
 
@@ -240,12 +241,15 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     TINY_LLAMA: build_tiny_model,
     SMOLLM2: build_smollm2,
     SMOLLM2_NOISY: build_smollm2_noisy,
+    **ADAPTER_BUILDERS,
 }
 
 
 def is_built(folder: Path) -> bool:
-    """True when ``folder`` holds a finished build."""
-    return (folder / _DONE_MARKER).is_file() and (folder / "config.json").is_file()
+    """True when ``folder`` holds a finished build (a model, or a LoRA adapter)."""
+    if not (folder / _DONE_MARKER).is_file():
+        return False
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
 
 
 def ensure_model(name: str, root: Path | None = None) -> Path:

@@ -71,7 +71,7 @@ class ChatService(JobRelay):
         JSON already rendered (`ContentChunkJson`)."""
         job = active.job
         fast = ContentChunkJson(
-            job.request_id, active.created, job.model, served_tier(job), fingerprint(job)
+            job.request_id, active.created, job.requested_model, served_tier(job), fingerprint(job)
         )
 
         def chunk(

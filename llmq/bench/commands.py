@@ -258,3 +258,50 @@ def bench_relay(
     typer.echo(format_report(report))
     if json_path is not None:
         json_path.write_text(report.model_dump_json(indent=2) + "\n")
+
+
+@bench_app.command("lora")
+def bench_lora(
+    base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    api_key: Annotated[str, typer.Option(help="A team's API key (it owns the adapters).")] = (
+        "sk-llmq-dev"
+    ),
+    model: Annotated[str, typer.Option(help="The base deployment (runs LoRA).")] = (
+        "smollm2-135m-instruct"
+    ),
+    s3_endpoint: Annotated[
+        str | None, typer.Option(help="S3 API for the adapters (default: the dev stack's).")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Requests at once in throughput rounds.")] = 8,
+    requests: Annotated[int, typer.Option(help="Requests per throughput round.")] = 32,
+    rounds: Annotated[int, typer.Option(help="Rounds per target, alternating.")] = 2,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 32,
+    cold_runs: Annotated[int, typer.Option(help="Cold adapter loads to time.")] = 3,
+) -> None:
+    """Adapters on a running stack: cold against warm TTFT, and base + 3 adapters
+    interleaved against the base alone (tokens/s), side by side in one run."""
+    import os
+
+    from llmq.bench.lora import LoraBenchSettings, format_report, run_lora_bench
+    from llmq.devstack_settings import DevStackSettings
+    from llmq.logging import configure_logging
+
+    configure_logging(json=False, level="WARNING")
+    for variable, value in (("AWS_ACCESS_KEY_ID", "llmq-dev"),
+                            ("AWS_SECRET_ACCESS_KEY", "llmq-dev"),
+                            ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
+        os.environ.setdefault(variable, value)  # the dev stack's moto takes any
+    settings = LoraBenchSettings(
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        s3_endpoint=s3_endpoint or f"http://127.0.0.1:{DevStackSettings().s3_port}",
+        concurrency=concurrency,
+        requests=requests,
+        rounds=rounds,
+        max_tokens=max_tokens,
+        cold_runs=cold_runs,
+    )
+    typer.echo(format_report(settings, run_lora_bench(settings)))

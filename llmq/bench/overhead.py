@@ -188,7 +188,11 @@ def start_direct_server(
 
 
 async def one_request(
-    client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int
+    client: openai.AsyncOpenAI,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    extra_body: dict[str, object] | None = None,
 ) -> RequestSample:
     """Send one streaming chat completion and time its content chunks."""
     sample = RequestSample()
@@ -203,6 +207,7 @@ async def one_request(
             temperature=0.0,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=extra_body,
         )
         async for chunk in stream:
             now = time.perf_counter()

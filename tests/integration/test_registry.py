@@ -11,13 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aioboto3
 import httpx
 import pytest
 
 from llmq import services, starters
+from llmq.adapterbuild import BROKEN_ADAPTER
 from llmq.modelbuild import ensure_model
 from tests.polling import eventually
 from topics.kafka import ensure_topics
+from workers.s3_weights import S3WeightsSource
+from workers.weights import folder_digest
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +239,59 @@ async def test_a_canary_takes_its_share_and_a_rollback_ends_it_for_every_later_r
     # Gateway A wrote the rollback, and folded it before it answered.
     after = await _fingerprints(gateways["a"], [f"caller-{i}" for i in range(100)])
     assert set(after) == {f"{NAME}@1"}
+
+
+async def test_every_gateway_lists_the_same_adapters_and_only_to_their_team(
+    gateways: dict[str, Any],
+) -> None:
+    """An adapter registered on gateway A is listed and resolved by gateway B (the registry
+    log), only for its team; a delete on B is seen by A."""
+    folder = ensure_model(BROKEN_ADAPTER)  # files that pass registration's checks (no base)
+    env = gateways["env"]
+    session = aioboto3.Session(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    endpoint = env["LLMQ_S3_ENDPOINT_URL"]
+    async with session.client("s3", endpoint_url=endpoint) as s3:
+        await s3.create_bucket(Bucket="llmq-registry-adapters")
+    uri = "s3://llmq-registry-adapters/tuned"
+    async with S3WeightsSource(session, endpoint_url=endpoint) as source:
+        await source.push(folder, uri)
+    base = {"version": "1", "path": gateways["path"], "pool": "registry-lora",
+            "max_model_len": 1024, "engine_args": {"max_lora_rank": 8}}  # fmt: skip
+    adapter = {"base": "lora-base", "weights_uri": uri, "sha256": folder_digest(folder), "rank": 8}
+    async with _admin(gateways["a"]) as admin_a, _team(gateways["a"]) as team_a:
+        assert (await admin_a.put("/deployments/lora-base", json=base)).status_code == 201
+        put = await team_a.put("/adapters/tuned", json=adapter)
+        assert put.status_code == 201, put.text
+        assert put.json()["owned_by"] == "reg" and put.json()["status"] == "ready"
+        mismatch = await team_a.put("/adapters/other", json={**adapter, "sha256": "0" * 64})
+        assert mismatch.status_code == 400
+        assert mismatch.json()["error"]["code"] == "sha256_mismatch"
+    async with _team(gateways["b"]) as team_b, _admin(gateways["b"]) as admin_b:
+
+        async def adapters_on_b() -> list[str]:
+            return [a["id"] for a in (await team_b.get("/adapters")).json()["data"]]
+
+        assert await eventually(adapters_on_b, lambda ids: ids == ["tuned"], within=10)
+        models = {m["id"]: m for m in (await team_b.get("/models")).json()["data"]}
+        assert models["tuned"]["parent"] == "lora-base"
+        everyone = (await admin_b.get("/adapters")).json()["data"]
+        assert [(a["owned_by"], a["id"]) for a in everyone] == [("reg", "tuned")]
+        body = {"model": "tuned", "messages": [{"role": "user", "content": "hi"}]}
+        # Resolved to its base on B (503: no worker runs the base here), not unknown (404).
+        assert (await team_b.post("/chat/completions", json=body)).status_code == 503
+        deleted = await team_b.delete("/adapters/tuned")
+        assert deleted.status_code == 200 and deleted.json() == {
+            "id": "tuned", "object": "adapter", "deleted": True,
+        }  # fmt: skip
+    async with _team(gateways["a"]) as team_a:
+
+        async def adapters_on_a() -> list[str]:
+            return [a["id"] for a in (await team_a.get("/adapters")).json()["data"]]
+
+        assert await eventually(adapters_on_a, lambda ids: ids == [], within=10)
+        gone = await team_a.post("/chat/completions", json=body)
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
