@@ -3,13 +3,16 @@ their records in the registry log (over the in-memory log)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from control.registry import DeploymentRegistry, first_record
 from gateway.auth import Caller, Team
 from gateway.errors import ApiError
+from gateway.s3_adapter_files import read_adapter_config
 from gateway.services.adapters import AdapterFiles, AdapterFilesError, AdaptersService
 from gateway.services.registry import ModelRegistry, ReplicaView
 from schemas.adapters import AdapterRecord, AdapterSpec, adapter_key
@@ -205,3 +208,28 @@ async def test_the_fold_skips_a_record_filed_under_another_key(
     await log.publish("x", record)  # an adapter under a deployment's key
     await registry.wait_folded(offset + 1)
     assert registry.adapters == [] and registry.get("x") is None
+
+
+@pytest.mark.parametrize(
+    ("config", "accepted"),
+    [
+        ({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}, True),
+        ({"peft_type": "LORA", "r": 8, "target_modules": "q_proj"}, True),
+        ({"peft_type": "PREFIX_TUNING", "r": 8}, False),
+        ({"peft_type": "LORA", "r": 0}, False),
+        ({"peft_type": "LORA"}, False),
+        (None, False),
+    ],
+)
+def test_an_adapter_folder_must_hold_a_lora_config_with_a_rank(
+    tmp_path: Path, config: dict[str, object] | None, accepted: bool
+) -> None:
+    if config is not None:
+        (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    if accepted:
+        files = read_adapter_config(tmp_path)
+        assert files.rank == 8 and "q_proj" in files.target_modules
+    else:
+        with pytest.raises(AdapterFilesError) as refused:
+            read_adapter_config(tmp_path)
+        assert refused.value.code == "invalid_adapter"

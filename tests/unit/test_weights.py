@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from schemas.messages import AdapterRef
+from workers.adapter_folders import AdapterFolders
 from workers.weights import (
     WeightsCache,
     WeightsError,
@@ -191,3 +193,25 @@ async def test_the_engine_loads_a_verified_local_folder(tmp_path: Path) -> None:
     folder = write_folder(tmp_path / "m", FILES)
     settings = WorkerSettings(model_path=str(folder), weights_sha256=expected_digest(FILES))
     assert await weights_folder(settings) == str(folder)
+
+
+async def test_an_adapter_is_fetched_once_however_many_jobs_ask_and_again_after_a_failure(
+    tmp_path: Path,
+) -> None:
+    digest = expected_digest(FILES)
+    source = MemorySource({URI: FILES})
+    source.release.clear()
+    folders = AdapterFolders(tmp_path, source)
+    adapter = AdapterRef(id="team-a/x", weights_uri=URI, sha256=digest, rank=8)
+    asking = [asyncio.ensure_future(folders.folder(adapter)) for _ in range(3)]
+    await source.started.wait()
+    source.release.set()
+    assert {await job for job in asking} == {tmp_path / digest}
+    assert sorted(source.downloads) == sorted(FILES)  # one fetch for three jobs
+    missing = AdapterRef(id="team-a/y", weights_uri="s3://b/nothing", sha256="c" * 64, rank=8)
+    for _ in range(2):  # a failed fetch is not remembered: the next job tries again
+        with pytest.raises(WeightsError):
+            await folders.folder(missing)
+    source.folders["s3://b/nothing"] = FILES
+    with pytest.raises(WeightsMismatch):
+        await folders.folder(missing)
