@@ -44,13 +44,16 @@ def beat(
 
 
 def choose(
-    router: PartitionRouter, prompt: list[int], replicas: list[ReplicaHeartbeat]
+    router: PartitionRouter,
+    prompt: list[int],
+    replicas: list[ReplicaHeartbeat],
+    adapter: str | None = None,
 ) -> RouteDecision:
     return router.choose(
         pool="small",
         salt="search",
         prompt_token_ids=prompt,
-        adapter=None,
+        adapter=adapter,
         partitions=N,
         replicas=replicas,
         topic=TOPIC,
@@ -265,15 +268,7 @@ def test_a_prompt_cache_key_routes_different_prompts_together() -> None:
 def _adapter_route(
     router: PartitionRouter, prompt: list[int], replicas: list[ReplicaHeartbeat]
 ) -> RouteDecision:
-    return router.choose(
-        pool="small",
-        salt="search",
-        prompt_token_ids=prompt,
-        adapter="team-a/support",
-        partitions=N,
-        replicas=replicas,
-        topic=TOPIC,
-    )
+    return choose(router, prompt, replicas, adapter="team-a/support")
 
 
 def test_an_adapters_requests_share_one_home_whatever_their_prompts() -> None:
