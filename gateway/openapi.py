@@ -17,7 +17,7 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 API_ERRORS = {
     "400": "Invalid request: a field, the JSON body or the context length",
     "401": "Missing or unknown API key",
-    "404": "No such model, file or batch (or not the caller's team's)",
+    "404": "No such model, adapter, file or batch (or not the caller's team's)",
     "408": "The request's body did not arrive in time",
     "413": "The request's body is over the limit",
     "429": "Over the team's quota, the pool's capacity, or too many failed authentications",
@@ -31,6 +31,11 @@ ADMIN_ERRORS = {
     "use, a canary in progress, an evaluation missing)",
 }
 """What the admin API (`/v1/deployments`) answers besides the `/v1` errors."""
+ADAPTER_ERRORS = {
+    "403": "A team key naming another team: team keys manage their own team's adapters",
+    "409": "The name is a deployment's",
+}
+"""What the adapters API (`/v1/adapters`) answers besides the `/v1` errors."""
 EXTRA_ERRORS = {
     ("/v1/chat/completions", "post"): {"504": "The request did not finish before its deadline"},
     ("/readyz", "get"): {"503": "Not ready: the broker, Redis or a worker is missing"},
@@ -48,6 +53,8 @@ def _document(path: str, method: str, operation: dict[str, Any]) -> None:
     errors.update(EXTRA_ERRORS.get((path, method), {}))
     if path.startswith("/v1/deployments"):
         errors.update(ADMIN_ERRORS)
+    if path.startswith("/v1/adapters"):
+        errors.update(ADAPTER_ERRORS)
     for status, description in errors.items():
         responses.setdefault(status, _error(description))
 

@@ -216,10 +216,15 @@ async def test_a_canary_takes_its_share_and_a_rollback_ends_it_for_every_later_r
 
     async with _admin(gateways["b"]) as admin_b:  # gateway B serves the split it has folded
 
-        async def revision_on_b() -> int:
-            return int((await admin_b.get(f"/deployments/{NAME}")).json()["revision"])
+        async def on_b() -> tuple[int, dict[str, int]]:
+            body = (await admin_b.get(f"/deployments/{NAME}")).json()
+            ready = {v["version"]: v["ready_replicas"] for v in body["versions"]}
+            return int(body["revision"]), ready
 
-        await eventually(revision_on_b, lambda r: r >= revision, within=10)
+        # Its own view of the replicas too: each gateway refreshes heartbeats on its own tick.
+        await eventually(
+            on_b, lambda b: b[0] >= revision and b[1]["1"] >= 1 and b[1]["3"] >= 1, within=10
+        )
     # 300 callers: each one's arm is drawn from a hash of its `user` (so this share is the
     # same every run; random draws would miss 20 +- 5% in 3% of runs).
     served = await _fingerprints(gateways["b"], [f"caller-{i}" for i in range(300)])
