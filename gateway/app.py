@@ -157,6 +157,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             deployment_registry,
             S3AdapterFiles(settings.s3_endpoint_url),
             app.state.authenticator.knows_team,
+            uri_prefix=settings.adapter_uri_prefix,
         )
         app.state.adapters_service = adapters_service
         failed = adapters_service.mark_failed_ref

@@ -29,6 +29,10 @@ class GatewaySettings(BaseSettings):
     """S3 API endpoint for files and batches; None means AWS's default endpoint."""
     s3_bucket: str = "llmq"
     """S3 bucket of uploaded files (created at start-up when missing)."""
+    adapter_uri_prefix: str | None = None
+    """Where teams' LoRA adapters must be (`s3://bucket/adapters/{team}/`: `{team}` becomes
+    the owning team), so a team can point registration only at its own prefix, not at any
+    object the platform's credentials can read. None: any `s3://` URI (development)."""
     files_max_bytes: int = 200 * 1024**2
     """Largest file `POST /v1/files` accepts (413 beyond); uploads are streamed, not held."""
     batch_completion_window_s: int = 86_400

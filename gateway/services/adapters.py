@@ -88,7 +88,9 @@ class AdaptersService:
         inspector: AdapterFilesInspector,
         knows_team: Callable[[str], bool],
         now: Callable[[], float] = time.time,
+        uri_prefix: str | None = None,
     ) -> None:
+        self._uri_prefix = uri_prefix
         self._registry = registry
         self._inspector = inspector
         self._knows_team = knows_team
@@ -150,6 +152,15 @@ class AdaptersService:
             raise ApiError(
                 400, f"No deployment is named `{spec.base}`.", param="base", code="unknown_base"
             )
+        if self._uri_prefix is not None:
+            allowed = self._uri_prefix.replace("{team}", team)
+            if not spec.weights_uri.startswith(allowed) or ".." in spec.weights_uri:
+                raise ApiError(
+                    400,
+                    f"Team {team}'s adapters must be under {allowed}.",
+                    param="weights_uri",
+                    code="weights_uri_not_allowed",
+                )
         limit = max_lora_rank(base)
         if limit == 0:
             raise ApiError(

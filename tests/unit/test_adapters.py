@@ -233,3 +233,19 @@ def test_an_adapter_folder_must_hold_a_lora_config_with_a_rank(
         with pytest.raises(AdapterFilesError) as refused:
             read_adapter_config(tmp_path)
         assert refused.value.code == "invalid_adapter"
+
+
+async def test_with_a_uri_prefix_a_team_registers_only_under_its_own(
+    registry: DeploymentRegistry,
+) -> None:
+    store = FolderStore()
+    store.folders["s3://w/team-a/signoff"] = (SHA, 8)
+    service = AdaptersService(
+        registry, store, {"team-a", "team-b"}.__contains__, uri_prefix="s3://w/{team}/"
+    )
+    for uri in ("s3://w/signoff", "s3://w/team-b/signoff", "s3://w/team-a/../team-b/x"):
+        refused = await _refused(service.put(TEAM_A, "x", _spec(weights_uri=uri)))
+        assert (refused.status, refused.code) == (400, "weights_uri_not_allowed")
+    assert store.inspected == []  # refused before anything was fetched
+    adapter, _ = await service.put(TEAM_A, "x", _spec(weights_uri="s3://w/team-a/signoff"))
+    assert adapter.weights_uri == "s3://w/team-a/signoff"
