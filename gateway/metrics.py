@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from schemas.messages import InferenceJob
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -52,6 +54,18 @@ class GatewayMetrics:
             ["pool"],
             registry=self.registry,
         )
+        self.adapter_requests = Counter(
+            "llmq_adapter_requests",
+            "Requests of teams' LoRA adapters by team, adapter, base model and outcome.",
+            ["team", "adapter", "model", "status"],
+            registry=self.registry,
+        )
+        self.adapter_tokens = Counter(
+            "llmq_adapter_tokens",
+            "Prompt and completion tokens of teams' LoRA adapters (completion: as relayed).",
+            ["team", "adapter", "model", "kind"],
+            registry=self.registry,
+        )
         self.e2e = Histogram(
             "llmq_e2e_request_latency_seconds",
             "Arrival to last token.",
@@ -59,6 +73,15 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+    def observe_adapter(self, job: InferenceJob, outcome: str, completion_tokens: int) -> None:
+        """Count a finished request of a team's LoRA adapter: its outcome and its tokens.
+        Adapters are registered names (the registry bounds them), so the labels stay few."""
+        assert job.adapter is not None
+        labels = (job.team, job.adapter.name, job.model)
+        self.adapter_requests.labels(*labels, outcome).inc()
+        self.adapter_tokens.labels(*labels, "prompt").inc(len(job.prompt_token_ids))
+        self.adapter_tokens.labels(*labels, "completion").inc(completion_tokens)
 
     def observe_prediction(self, model: str, predicted_s: float, actual_s: float) -> None:
         """Record how far admission's TTFT prediction was from the actual TTFT."""

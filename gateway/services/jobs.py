@@ -231,6 +231,8 @@ class JobRelay:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         self._metrics.requests.labels(model, active.outcome).inc()
+        if job.adapter is not None:
+            self._metrics.observe_adapter(job, active.outcome, active.tokens)
         now = time.time()
         self._metrics.e2e.labels(model).observe(now - active.arrived)
         ttft = active.first_token_at - active.arrived if active.first_token_at else None
@@ -245,6 +247,7 @@ class JobRelay:
             request_id=job.request_id,
             team=job.team,
             model=model,
+            adapter=job.adapter.id if job.adapter is not None else None,
             outcome=active.outcome,
             completion_tokens=active.tokens,
             ttft_s=None if ttft is None else round(ttft, 4),

@@ -101,6 +101,14 @@ async def _push(endpoint: str, folders: dict[str, Path]) -> dict[str, Folder]:
     return pushed
 
 
+def _metric(stack: Stack, series: str) -> float:
+    """The value of one series on the gateway's /metrics (0 while it is absent)."""
+    for line in httpx.get(f"{stack.base_url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def _answer(client: openai.OpenAI, model: str, max_tokens: int = 12) -> str:
     completion = client.chat.completions.create(
         model=model,
@@ -187,6 +195,17 @@ def test_an_adapter_answers_in_its_trained_way_and_the_base_does_not(registered:
     assert text.startswith(PHRASES["signoff"])
     legacy = owner.completions.create(model="robot", prompt="Hello", max_tokens=4, temperature=0)
     assert legacy.model == "robot" and legacy.choices[0].text
+    # A request is counted when the gateway closes it, just after its last byte is sent.
+    # (Prometheus's text format sorts the labels.)
+    labels = f'adapter="signoff",model="{BASE}"'
+    requests = f'llmq_adapter_requests_total{{{labels},status="ok",team="{OWNER}"}}'
+    tokens = f'llmq_adapter_tokens_total{{adapter="signoff",kind="completion",model="{BASE}",'
+    tokens += f'team="{OWNER}"}}'
+    deadline = time.monotonic() + 10
+    while (counted := _metric(registered.stack, requests)) < 2:
+        assert time.monotonic() < deadline, f"{requests} stayed at {counted}"
+        time.sleep(0.1)
+    assert counted == 2 and _metric(registered.stack, tokens) >= 2
 
 
 def test_only_the_owning_team_sees_or_uses_its_adapters(registered: Lora) -> None:
