@@ -61,6 +61,8 @@ def build_simulated_engine(settings: WorkerSettings) -> EngineClient:
         max_model_len=settings.max_model_len,
         time_scale=settings.sim_time_scale,
         name=settings.replica_id,
+        max_loras=settings.max_loras if settings.max_lora_rank > 0 else 0,
+        max_cpu_loras=settings.max_cpu_loras,
     )
 
 

@@ -16,6 +16,10 @@ Prefix caching: full 16-token prompt blocks are hashed as a chain (each with its
 blocks seen recently (refcounted while in use, then kept in an LRU that only occupies free KV
 blocks) count as cached tokens that skip prefill, at most all but the prompt's last token.
 
+LoRA (``max_loras`` > 0): a step runs at most ``max_loras`` distinct adapters, a waiting request
+whose adapter would exceed that is skipped for the step, and a step waits while its adapters are
+loaded into GPU slots (`workers.engine.sim_lora`).
+
 Time: `step` is synchronous and returns the step's modelled duration, so a discrete-event driver
 (`llmq.bench.simulate`) runs it in virtual time; the `EngineClient` methods run one asyncio task
 per engine that sleeps duration / ``time_scale`` (simulated seconds per wall second) per step.
@@ -35,6 +39,7 @@ import structlog
 
 from schemas.messages import InferenceJob
 from workers.engine.port import EngineRequestError, EngineStats, EngineStep
+from workers.engine.sim_lora import LoraTimings, SimLoraSlots
 from workers.engine.sim_model import (
     H100_SXM,
     H200,
@@ -70,6 +75,7 @@ class SimSequence:
     max_tokens: int
     hashes: tuple[int, ...]
     """Chained hashes of the prompt's full blocks."""
+    adapter: str | None = None
     state: SeqState = "waiting"
     target: int = 0
     """Tokens whose KV must exist before the next token: prompt (+ output after a preemption)."""
@@ -110,6 +116,9 @@ class SimulatedGpuEngine:
         max_model_len: int = 8192,
         time_scale: float = 1.0,
         name: str = "sim-0",
+        max_loras: int = 0,
+        max_cpu_loras: int | None = None,
+        lora_timings: LoraTimings | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -118,6 +127,8 @@ class SimulatedGpuEngine:
         self.max_model_len = max_model_len
         self.time_scale = time_scale
         self.name = name
+        self.lora = SimLoraSlots(max_loras, max_cpu_loras, lora_timings) if max_loras else None
+        """Adapter residency, or None when LoRA is off (adapter requests are refused)."""
         self.kv_capacity_tokens = self.profile.kv_capacity_tokens
         if self.kv_capacity_tokens <= 0:
             raise ValueError(f"{self.profile.model.name} does not fit on this replica")
@@ -145,9 +156,12 @@ class SimulatedGpuEngine:
         max_tokens: int,
         priority: int = 0,
         salt: object = None,
+        adapter: str | None = None,
     ) -> SimSequence:
         """Queue one request; EngineRequestError when it can never run on this replica."""
         prompt_len = len(prompt_token_ids)
+        if adapter is not None and self.lora is None:
+            raise EngineRequestError(f"adapter {adapter} requested but LoRA is not enabled")
         if request_id in self._seqs:
             raise EngineRequestError(f"request {request_id} is already running")
         if prompt_len == 0 or max_tokens < 1:
@@ -160,7 +174,7 @@ class SimulatedGpuEngine:
         self._order += 1
         seq = SimSequence(
             request_id, priority, self._order, prompt_len, max_tokens,
-            block_hashes(prompt_token_ids, self._bs, salt), target=prompt_len,
+            block_hashes(prompt_token_ids, self._bs, salt), adapter, target=prompt_len,
         )  # fmt: skip
         self._seqs[request_id] = seq
         self._push_waiting(seq)
@@ -206,14 +220,25 @@ class SimulatedGpuEngine:
             if seq.computed < seq.target:
                 budget -= (chunk := self._prefill(seq, budget, emitted))
                 prefill += chunk
+        adapters = {s.adapter for s in self._running if s.adapter is not None}
+        skipped: list[tuple[int, int, SimSequence]] = []
         while budget > 0 and len(self._running) < self.max_num_seqs:  # then new admissions
             head = self._peek_waiting()
+            if head is not None and self.lora and self.lora.blocks(head.adapter, adapters):
+                skipped.append(heapq.heappop(self._waiting))  # no slot for its adapter
+                continue
             if head is None or not self._admit(head):
                 break
+            if head.adapter is not None:
+                adapters.add(head.adapter)
             budget -= (chunk := self._prefill(head, budget, emitted))
             prefill += chunk
+        for entry in skipped:
+            heapq.heappush(self._waiting, entry)
         kv_tokens = sum(s.computed for s in self._running)
         duration = self.profile.step_time(prefill, decodes, kv_tokens)
+        if self.lora is not None and adapters:
+            duration += self.lora.prepare(adapters)
         limit = self._token_limit
         for seq in emitted:
             seq.generated += 1
@@ -232,6 +257,7 @@ class SimulatedGpuEngine:
             waiting=self._n_waiting,
             kv_cache_usage=usage,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
+            adapters=self.lora.loaded if self.lora is not None else (),
         )
 
     @property
@@ -332,10 +358,11 @@ class SimulatedGpuEngine:
         """Stream one job: one placeholder token per step; closing the iterator aborts it."""
         if self._task is None:
             raise RuntimeError("engine not started")
-        salt = (job.adapter, job.cache_salt)  # as in vLLM: both are part of the block hash
+        adapter = job.adapter.id if job.adapter is not None else None
+        salt = (adapter, job.cache_salt)  # as in vLLM: both are part of the block hash
         priority = TIER_PRIORITY.get(job.tier, 0)
         steps = self.stream(
-            job.request_id, job.prompt_token_ids, job.sampling.max_tokens, priority, salt
+            job.request_id, job.prompt_token_ids, job.sampling.max_tokens, priority, salt, adapter
         )
         async with contextlib.aclosing(steps):  # closing this iterator aborts the request
             async for step in steps:
@@ -348,11 +375,12 @@ class SimulatedGpuEngine:
         max_tokens: int,
         priority: int = 0,
         salt: object = None,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
         """`generate` without a job message (for a queue-less server over this engine)."""
         if self._task is None:
             raise RuntimeError("engine not started")
-        seq = self.submit(request_id, prompt_token_ids, max_tokens, priority, salt)
+        seq = self.submit(request_id, prompt_token_ids, max_tokens, priority, salt, adapter)
         queue: asyncio.Queue[EngineStep] = asyncio.Queue()
         seq.queue = queue
         finished = False
