@@ -59,6 +59,7 @@ from topics.kafka import (
     ensure_topics,
 )
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.redis_adapter_demand import RedisAdapterDemand
 from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
@@ -135,12 +136,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 prefix_blocks=settings.routing_prefix_blocks,
                 block_size=settings.routing_block_size,
                 load_factor=settings.routing_load_factor,
+                adapter_jobs_per_replica=settings.routing_adapter_jobs_per_replica,
             )
             if settings.routing == "affinity"
             else None,
             request_timeout_s=settings.request_timeout_s,
             produce_timeout_s=settings.produce_timeout_s,
             offload=offload.run,
+            demand=RedisAdapterDemand(redis),
         )
         app.state.redis = redis
         app.state.producer = producer

@@ -81,6 +81,9 @@ class GatewaySettings(BaseSettings):
     """Tokens per block in that hash; match the engine's KV block size (128 on the CPU)."""
     routing_load_factor: float = 1.25
     """A partition whose owner is above this times the pool's mean load is walked past."""
+    routing_adapter_jobs_per_replica: int = Field(default=4, ge=1)
+    """The fewest outstanding jobs of one LoRA adapter per worker it spreads over: a busy
+    adapter spreads by its share of the pool's jobs, never thinner than this per worker."""
     produce_timeout_s: float = 5.0
     """How long a job may wait for the broker's acknowledgement before the caller gets 503
     (a broker that is down must not hold requests for the producer's own 40 s timeout)."""

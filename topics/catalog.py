@@ -95,6 +95,13 @@ def team_backlogs_key(pool: str, tier: PriorityClass) -> str:
     return f"llmq:backlog:{pool}:{tier}:teams"
 
 
+def adapter_demand_key(pool: str, adapter: str) -> str:
+    """Redis sorted set of one LoRA adapter's outstanding jobs in a pool (queued or running):
+    request ids scored by their deadlines, so a job whose end was never recorded leaves it
+    at its deadline."""
+    return f"llmq:adapter-demand:{pool}:{adapter}"
+
+
 def team_waiting_key(pool: str, tier: PriorityClass) -> str:
     """Redis hash of waiting prompt tokens per team (field) in one pool and class: admitted,
     not started on any worker (no slot shares: a running job waits for nothing)."""

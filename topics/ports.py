@@ -287,6 +287,19 @@ class ReplicaDirectory(Protocol):
     async def replicas(self) -> list[ReplicaHeartbeat]: ...
 
 
+class AdapterDemand(Protocol):
+    """Each LoRA adapter's outstanding jobs in a pool, counted across gateways: what routing
+    spreads a busy adapter by."""
+
+    async def started(self, pool: str, adapter: str, request_id: str, deadline: float) -> int:
+        """Count one job until it ends (or its deadline passes); return the adapter's
+        outstanding jobs, this one included."""
+        ...
+
+    async def ended(self, pool: str, adapter: str, request_id: str) -> None:
+        """Stop counting a job (idempotent)."""
+
+
 class UsageSink(Protocol):
     async def record(self, usage: UsageRecord) -> None: ...
 

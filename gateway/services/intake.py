@@ -38,7 +38,7 @@ from schemas.messages import AdapterRef, Arm, CallerTags, InferenceJob, sampling
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from schemas.tools import ToolPlan
 from topics import catalog
-from topics.ports import JobQueue, JobReceipt, QueueBacklog
+from topics.ports import AdapterDemand, JobQueue, JobReceipt, QueueBacklog
 
 log = structlog.get_logger()
 
@@ -84,6 +84,7 @@ class JobIntake:
         request_timeout_s: float,
         produce_timeout_s: float = 5.0,
         offload: Offload | None = None,
+        demand: AdapterDemand | None = None,
     ) -> None:
         self._registry = registry
         self._renderer = renderer
@@ -95,6 +96,7 @@ class JobIntake:
         self._timeout_s = request_timeout_s
         self._produce_timeout_s = produce_timeout_s
         self._offload = offload
+        self._demand = demand
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
@@ -277,6 +279,9 @@ class JobIntake:
         if self._router is None:  # random routing: the broker's partitioner decides
             return AdmittedJob(job=job, partition=None, prediction=predicted)
         partitions = await self._queue.partitions(deployment.pool, tier)
+        demand = 0
+        if adapter is not None and self._demand is not None:
+            demand = await self._demand.started(pool, adapter.id, job.request_id, job.deadline)
         route = self._router.choose(
             pool=deployment.pool,
             salt=job.cache_salt or team.name,
@@ -286,6 +291,8 @@ class JobIntake:
             replicas=replicas,
             topic=catalog.job_topic(deployment.pool, tier),
             cache_key=request.prompt_cache_key,
+            adapter_demand=demand,
+            spread_key=job.request_id,
         )
         return AdmittedJob(job=job, partition=route.partition, prediction=predicted)
 
@@ -340,6 +347,12 @@ class JobIntake:
         await self._backlog.remove(
             job.pool, job.tier, job.backlog_units, job.team, len(job.prompt_token_ids)
         )
+        await self.ended(job)
+
+    async def ended(self, job: InferenceJob) -> None:
+        """A job's request ended: its adapter's demand no longer counts it."""
+        if job.adapter is not None and self._demand is not None:
+            await self._demand.ended(job.pool, job.adapter.id, job.request_id)
 
     async def produce(self, admitted: AdmittedJob) -> JobReceipt:
         """Queue the job: 503 if the broker refuses or does not acknowledge within

@@ -214,9 +214,19 @@ class JobRelay:
             active.outcome = event.code
             adapter = active.job.adapter
             if event.code == ADAPTER_LOAD_FAILED and adapter and self._adapter_failed:
-                task = asyncio.create_task(self._adapter_failed(adapter, event.message))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._spawn(self._adapter_failed(adapter, event.message))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work that no caller waits for (kept referenced until it is done)."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.warning("background_task_failed", error=type(error).__name__)
 
     def _finish(self, active: ActiveRequest) -> None:
         """Once per request: stop listening, cancel it if abandoned, record metrics."""
@@ -227,9 +237,9 @@ class JobRelay:
         model = job.model
         self._relay.close(job.request_id)
         if not active._done:
-            task = asyncio.create_task(self._cancels.cancel(CancelEvent(request_id=job.request_id)))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._cancels.cancel(CancelEvent(request_id=job.request_id)))
+        if job.adapter is not None:
+            self._spawn(self._intake.ended(job))
         self._metrics.requests.labels(model, active.outcome).inc()
         if job.adapter is not None:
             self._metrics.observe_adapter(job, active.outcome, active.tokens)

@@ -8,16 +8,20 @@ an overloaded owner.
 
 A LoRA adapter's requests hash by the adapter alone: its home partition's worker loads it
 once and serves all of it (its prefix cache is the adapter's own anyway). Placement follows
-demand: while the home worker keeps up, a rarely used adapter stays on that one worker; once
-the adapter's load makes it overloaded, bounded load spills requests along the ring, to a
-worker that already holds the adapter when one can take them (heartbeats list the adapters a
-replica has loaded), so a busy adapter spreads over a few workers rather than being loaded
-everywhere, and one replica's adapter slots are not churned by every adapter in the pool.
+demand, which the gateways see before any worker does: each adapter's outstanding jobs
+(queued in the job topics or running), counted across gateways (`AdapterDemand`). An adapter
+spreads over the fewest workers along the ring from its home that keep each within the bounded
+load (`adapter_spread`), its requests spread evenly over them, so a busy adapter is served by
+several workers before its home's queue grows, while a rarely used adapter stays loaded on its
+one home worker instead of being loaded everywhere (slots churned, every replica's CPU LRU
+evicting every adapter). Bounded load still applies: an overloaded worker is passed over, for
+one that already holds the adapter when one can take it (heartbeats list loaded adapters).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +29,9 @@ from typing import Literal
 
 from schemas.heartbeat import ReplicaHeartbeat
 
-RouteReason = Literal["affinity", "bounded_load", "no_owner_info", "adapter_resident"]
+RouteReason = Literal[
+    "affinity", "bounded_load", "no_owner_info", "adapter_resident", "adapter_spread"
+]
 """Why a partition was chosen.
 
 - ``affinity``: the preferred partition (its owner is live and not overloaded, or every live
@@ -35,6 +41,8 @@ RouteReason = Literal["affinity", "bounded_load", "no_owner_info", "adapter_resi
   owned one, or kept it when no partition of the topic has a live owner.
 - ``adapter_resident``: the preferred partition's owner is overloaded; walked to the first
   partition whose owner can take it and already holds the job's adapter.
+- ``adapter_spread``: the adapter's demand spreads it over several workers; this request went
+  to one of them other than its home.
 """
 
 
@@ -88,15 +96,25 @@ class PartitionRouter:
     """Prefix-affinity partition choice with bounded load. Pure logic: no I/O."""
 
     def __init__(
-        self, *, prefix_blocks: int = 4, block_size: int = 128, load_factor: float = 1.25
+        self,
+        *,
+        prefix_blocks: int = 4,
+        block_size: int = 128,
+        load_factor: float = 1.25,
+        adapter_jobs_per_replica: int = 4,
     ) -> None:
         if prefix_blocks < 1 or block_size < 1:
             raise ValueError("prefix_blocks and block_size must be at least 1")
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1.0")
+        if adapter_jobs_per_replica < 1:
+            raise ValueError("adapter_jobs_per_replica must be at least 1")
         self.prefix_blocks = prefix_blocks
         self.block_size = block_size
         self.load_factor = load_factor
+        self.adapter_jobs_per_replica = adapter_jobs_per_replica
+        """The fewest outstanding jobs of one adapter per worker it spreads to: an adapter
+        never spreads so thin that each worker loads it for a request or two."""
 
     def affinity_prefix(self, prompt_token_ids: Sequence[int]) -> Sequence[int]:
         """The tokens that decide affinity: whole leading blocks, or all of a short prompt."""
@@ -147,8 +165,14 @@ class PartitionRouter:
         replicas: Sequence[ReplicaHeartbeat],
         topic: str,
         cache_key: str | None = None,
+        adapter_demand: int = 0,
+        spread_key: str = "",
     ) -> RouteDecision:
-        """The partition for one job of `pool` on `topic`."""
+        """The partition for one job of `pool` on `topic`.
+
+        ``adapter_demand``: the adapter's outstanding jobs in the pool, this one included (0:
+        unknown, the adapter stays on its home worker); ``spread_key`` (the request id)
+        picks one of the workers it spreads over."""
         preferred = self.preferred_partition(
             salt=salt,
             prompt_token_ids=prompt_token_ids,
@@ -161,6 +185,13 @@ class PartitionRouter:
         overloaded = self._overloaded(live, len(prompt_token_ids))
         walk = [(preferred + step) % partitions for step in range(partitions)]
         open_ = [p for p in walk if p in owners and owners[p].replica_id not in overloaded]
+        if open_ and adapter is not None and adapter_demand > 1:
+            spread = self._spread(walk, owners, overloaded, adapter_demand, live)
+            if len(spread) > 1:
+                digest = hashlib.blake2b(spread_key.encode(), digest_size=8).digest()
+                partition = spread[int.from_bytes(digest, "big") % len(spread)]
+                reason: RouteReason = "affinity" if partition == preferred else "adapter_spread"
+                return RouteDecision(partition, preferred, reason, owners[partition].replica_id)
         if open_ and adapter is not None and open_[0] != preferred:
             resident = next((p for p in open_ if adapter in owners[p].adapters), None)
             if resident is not None:
@@ -181,6 +212,46 @@ class PartitionRouter:
         if owned is not None:
             return RouteDecision(owned, preferred, "no_owner_info", owners[owned].replica_id)
         return RouteDecision(preferred, preferred, "no_owner_info", None)
+
+    def adapter_spread(self, demand: int, live: Sequence[ReplicaHeartbeat]) -> int:
+        """How many workers an adapter with ``demand`` outstanding jobs spreads over: the
+        fewest that keep each of them within ``load_factor`` x the pool's mean load, at most
+        one per ``adapter_jobs_per_replica`` of its jobs, at least 1.
+
+        With D jobs in the pool (workers' jobs in flight, at least the adapter's own d) over
+        n workers, the rest spread evenly, each of k workers serving the adapter carries
+        d/k + (D - d)/n; keeping that within load_factor x D/n needs
+        k >= n d / (d + (load_factor - 1) D)."""
+        if demand <= 1 or not live:
+            return 1
+        pool_jobs = max(sum(r.in_flight for r in live), demand)
+        headroom = (self.load_factor - 1.0) * pool_jobs
+        by_share = math.ceil(len(live) * demand / (demand + headroom))
+        by_size = math.ceil(demand / self.adapter_jobs_per_replica)
+        return max(1, min(by_share, by_size, len(live)))
+
+    def _spread(
+        self,
+        walk: Sequence[int],
+        owners: Mapping[int, ReplicaHeartbeat],
+        overloaded: set[str],
+        demand: int,
+        live: Sequence[ReplicaHeartbeat],
+    ) -> list[int]:
+        """One partition for each of the first `adapter_spread` distinct workers along the ring
+        from the adapter's home, overloaded workers passed over."""
+        want = self.adapter_spread(demand, live)
+        chosen: list[int] = []
+        seen: set[str] = set()
+        for partition in walk:
+            owner = owners.get(partition)
+            if len(chosen) == want:
+                break
+            if owner is None or owner.replica_id in seen or owner.replica_id in overloaded:
+                continue
+            seen.add(owner.replica_id)
+            chosen.append(partition)
+        return chosen
 
     def _overloaded(self, live: Sequence[ReplicaHeartbeat], request_tokens: int) -> set[str]:
         """Ids of replicas above `load_factor` x the pool's mean load by more than one request

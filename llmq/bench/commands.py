@@ -209,6 +209,23 @@ def bench_simulate(
     )
 
 
+@bench_app.command("placement")
+def bench_placement(
+    settings_json: Annotated[
+        str, typer.Option("--settings", help="PlacementSettings fields as JSON.")
+    ] = "{}",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """LoRA adapter placement on a SIMULATED pool: adapter loads and each traffic class's
+    TTFT under four routing policies, the same arrivals for each."""
+    from llmq.bench.lora_placement import PlacementSettings, format_placement, run_placement
+
+    report = run_placement(PlacementSettings.model_validate_json(settings_json))
+    typer.echo(format_placement(report))
+    if json_path is not None:
+        json_path.write_text(report.model_dump_json(indent=2) + "\n")
+
+
 @bench_app.command("relay")
 def bench_relay(
     base_url: Annotated[str, typer.Option(help="llmq's OpenAI base URL.")] = (

@@ -20,6 +20,7 @@ import aioboto3
 import httpx
 import openai
 import pytest
+import redis
 
 from llmq import services
 from llmq.adapterbuild import BROKEN_ADAPTER, PHRASE_ADAPTERS, SIGNOFF_ADAPTER
@@ -27,6 +28,7 @@ from llmq.engine_env import engine_environment
 from llmq.modelbuild import SMOLLM2, ensure_model
 from tests.e2e.conftest import ADMIN_KEY, S3_CREDENTIALS, TEAM_KEYS, Stack
 from tests.e2e.test_batches import FINAL, lines_of, submit, wait_for
+from topics.catalog import adapter_demand_key
 from workers.s3_weights import S3WeightsSource
 from workers.weights import folder_digest
 
@@ -280,6 +282,10 @@ def test_deleting_an_adapter_while_its_request_runs_fails_none(registered: Lora)
     )
     chunks = iter(stream)
     first = next(chunks)
+    # While it runs, the adapter's demand (what routing spreads busy adapters by) counts it.
+    demand = redis.Redis.from_url(registered.stack.redis_url)
+    key = adapter_demand_key(POOL, f"{OWNER}/short-lived")
+    assert demand.zrange(key, 0, -1) == [first.id.encode()]
     deleted = httpx.delete(
         f"{registered.stack.base_url}/v1/adapters/short-lived",
         headers={"Authorization": f"Bearer {TEAM_KEYS[OWNER]}"},
@@ -291,6 +297,10 @@ def test_deleting_an_adapter_while_its_request_runs_fails_none(registered: Lora)
     assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "stop"
     with pytest.raises(openai.NotFoundError):
         _answer(registered.owner, "short-lived")
+    deadline = time.monotonic() + 10  # the gateway ends it once the stream is done
+    while demand.zcard(key):
+        assert time.monotonic() < deadline, "the finished job still counts as demand"
+        time.sleep(0.05)
 
 
 def test_a_batch_mixing_the_base_and_adapters_gets_each_line_right(registered: Lora) -> None:

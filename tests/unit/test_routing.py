@@ -301,3 +301,46 @@ def test_a_spilled_adapter_request_goes_to_a_replica_that_holds_the_adapter() ->
     # The home owner keeps up: it serves the adapter even if others hold it too.
     calm = _adapter_route(router, SYSTEM, [busy.model_copy(update={"in_flight": 2}), idle, holder])
     assert (calm.partition, calm.reason) == (home, "affinity")
+
+
+def _spread_route(
+    router: PartitionRouter, replicas: list[ReplicaHeartbeat], demand: int, key: str
+) -> RouteDecision:
+    return router.choose(
+        pool="small", salt="search", prompt_token_ids=SYSTEM, adapter="team-a/support",
+        partitions=N, replicas=replicas, topic=TOPIC, adapter_demand=demand, spread_key=key,
+    )  # fmt: skip
+
+
+def test_an_adapters_demand_sets_how_many_workers_it_spreads_over() -> None:
+    router = PartitionRouter(adapter_jobs_per_replica=4)
+    pool = [beat(f"w{i}", [i], in_flight=10) for i in range(N)]  # 80 jobs in flight
+    assert router.adapter_spread(0, pool) == router.adapter_spread(2, pool) == 1
+    # Five jobs on one worker: 5 + 75/8 is above 1.25 x the mean of 10, so two workers.
+    assert router.adapter_spread(5, pool) == 2
+    assert router.adapter_spread(20, pool) == 4  # a quarter of the jobs: half the workers
+    assert router.adapter_spread(80, pool) == 7  # all of them: 80/7 is within 1.25 x 10
+    # A small adapter on a quiet pool is all the pool does, yet too small to spread far.
+    quiet = [beat(f"w{i}", [i]) for i in range(N)]
+    assert router.adapter_spread(6, quiet) == 2
+    assert router.adapter_spread(6, []) == 1
+
+
+def test_a_busy_adapter_spreads_along_the_ring_and_a_rare_one_stays_home() -> None:
+    router = PartitionRouter()
+    home = _adapter_route(router, SYSTEM, []).preferred_partition
+    ring = [(home + step) % N for step in range(N)]
+    pool = [beat(f"w{p}", [p], in_flight=10) for p in range(N)]
+    rare = {_spread_route(router, pool, 2, f"req-{i}").partition for i in range(50)}
+    assert rare == {home}
+    busy = [_spread_route(router, pool, 8, f"req-{i}") for i in range(200)]
+    assert {d.partition for d in busy} == {ring[0], ring[1]}
+    assert {d.reason for d in busy} == {"affinity", "adapter_spread"}
+    assert 70 <= sum(d.partition == home for d in busy) <= 130  # evenly, by request id
+    # An overloaded worker on the way is passed over.
+    hot = [b.model_copy(update={"in_flight": 40}) if b.replica_id == f"w{ring[1]}" else b
+           for b in pool]  # fmt: skip
+    assert {_spread_route(router, hot, 8, f"req-{i}").partition for i in range(50)} == {
+        ring[0],
+        ring[2],
+    }
