@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -23,6 +23,8 @@ from schemas.deployment import Deployment
 from schemas.registry import DeploymentRecord, TrafficSplit, spec_of
 from schemas.registry import DeploymentVersion as Version
 from topics.ports import RegistryLog
+
+RecordT = TypeVar("RecordT", DeploymentRecord, AdapterRecord)
 
 log = structlog.get_logger()
 
@@ -168,17 +170,8 @@ class DeploymentRegistry:
                 if current is None:
                     raise KeyError(name)
                 return current
-            record = wanted.model_copy(
-                update={
-                    "revision": current.revision + 1 if current is not None else 1,
-                    "written_by": uuid.uuid4().hex,
-                    "updated_at": int(self._now()),
-                }
-            )
-            offset = await self._log.publish(name, record)
-            await self.wait_folded(offset)
-            won = self._records.get(name)
-            if won is not None and won.written_by == record.written_by:
+            record = self._stamped(wanted, current)
+            if (won := await self._write(name, record, self._records)) is not None:
                 log.info("registry_written", deployment=name, revision=record.revision)
                 return won
             log.info("registry_write_lost", deployment=name, revision=record.revision)
@@ -196,22 +189,35 @@ class DeploymentRegistry:
             wanted = change(current)
             if wanted == current:
                 return current
-            record = None
-            if wanted is not None:
-                record = wanted.model_copy(
-                    update={
-                        "revision": current.revision + 1 if current is not None else 1,
-                        "written_by": uuid.uuid4().hex,
-                        "updated_at": int(self._now()),
-                    }
-                )
-            await self.wait_folded(await self._log.publish(key, record))
-            won = self._adapters.get(key)
-            if record is None or (won is not None and won.written_by == record.written_by):
-                log.info("registry_written", adapter=key, deleted=record is None)
-                return won if record is not None else None
+            if wanted is None:  # a deletion always wins: nothing is left to compare
+                await self.wait_folded(await self._log.publish(key, None))
+                log.info("registry_written", adapter=key, deleted=True)
+                return None
+            record = self._stamped(wanted, current)
+            if (won := await self._write(key, record, self._adapters)) is not None:
+                log.info("registry_written", adapter=key, revision=record.revision)
+                return won
             log.info("registry_write_lost", adapter=key)
         raise RegistryConflict(f"adapter {key!r} kept changing under this write")
+
+    def _stamped(self, wanted: RecordT, current: RecordT | None) -> RecordT:
+        """The record to write over `current`: the next revision, this writer's mark, now."""
+        return wanted.model_copy(
+            update={
+                "revision": current.revision + 1 if current is not None else 1,
+                "written_by": uuid.uuid4().hex,
+                "updated_at": int(self._now()),
+            }
+        )
+
+    async def _write(
+        self, key: str, record: RecordT, folded: Mapping[str, RecordT]
+    ) -> RecordT | None:
+        """Publish `record` and fold the log up to it: the record when it won, None when a
+        concurrent write to `key` did (optimistic concurrency through the log's order)."""
+        await self.wait_folded(await self._log.publish(key, record))
+        won = folded.get(key)
+        return won if won is not None and won.written_by == record.written_by else None
 
     async def seed(self, deployments: list[Deployment]) -> None:
         """Register each configured deployment (`LLMQ_DEPLOYMENTS`) the registry lacks, as its
