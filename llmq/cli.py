@@ -12,6 +12,7 @@ from llmq.bench.commands import bench_app
 from llmq.cli_options import DEFAULT_BASE_URL, BaseUrlOption
 from llmq.deployments_cli import deployments_app
 from llmq.eval_cli import eval_command
+from llmq.plan_cli import plan_command
 from llmq.weights_cli import weights_app
 
 app = typer.Typer(help="llmq: a queue-centric, OpenAI-compatible LLM inference platform.")
@@ -27,6 +28,7 @@ app.add_typer(batch_app, name="batch")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(weights_app, name="weights")
 app.command("eval")(eval_command)
+app.command("plan")(plan_command)
 
 ApiKeyOption = Annotated[
     str,
