@@ -118,6 +118,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         reconciler.start()
         await file_store.start()
         metrics = GatewayMetrics()
+        metrics.watch_replicas(replicas.by_pool)
         app.state.offload = offload
         intake = JobIntake(
             registry=registry,

@@ -1,10 +1,19 @@
-"""Prometheus metrics of the gateway: requests by status, TTFT, TPOT, end-to-end latency."""
+"""Prometheus metrics of the gateway: requests by status, TTFT, TPOT, end-to-end latency,
+and each pool's replicas as their heartbeats report them (what autoscalers read)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import InferenceJob
+
+PoolReplicas = Callable[[], Mapping[str, Sequence[ReplicaHeartbeat]]]
+"""Live replicas by pool (`ReplicaView.by_pool`)."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -74,6 +83,10 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+    def watch_replicas(self, replicas: PoolReplicas) -> None:
+        """Export each pool's replicas (read at every scrape, never stale beyond a refresh)."""
+        self.registry.register(PoolReplicaCollector(replicas))
+
     def observe_adapter(self, job: InferenceJob, outcome: str, completion_tokens: int) -> None:
         """Count a finished request of a team's LoRA adapter: its outcome and its tokens.
         Adapters are registered names (the registry bounds them), so the labels stay few."""
@@ -90,3 +103,40 @@ class GatewayMetrics:
         error = (predicted_s - actual_s) / actual_s
         self.ttft_error.labels(model).observe(error)
         self.ttft_abs_error.labels(model).observe(abs(error))
+
+
+class PoolReplicaCollector(Collector):
+    """Per pool: replicas by state, and over its ready replicas the mean KV cache use and the
+    running and waiting sequences (the signals KEDA's Prometheus trigger scales on)."""
+
+    def __init__(self, replicas: PoolReplicas) -> None:
+        self._replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        count = GaugeMetricFamily(
+            "llmq_pool_replicas", "Replicas of the pool by state.", labels=["pool", "state"]
+        )
+        kv = GaugeMetricFamily(
+            "llmq_pool_kv_cache_usage",
+            "Mean KV cache use (0-1) of the pool's ready replicas.",
+            labels=["pool"],
+        )
+        running = GaugeMetricFamily(
+            "llmq_pool_running_sequences", "Sequences running on ready replicas.", labels=["pool"]
+        )
+        waiting = GaugeMetricFamily(
+            "llmq_pool_waiting_sequences", "Sequences waiting in ready replicas.", labels=["pool"]
+        )
+        for pool, replicas in sorted(self._replicas().items()):
+            states: dict[str, int] = {}
+            for replica in replicas:
+                label = replica.state if replica.healthy else "unhealthy"
+                states[label] = states.get(label, 0) + 1
+            for state, n in sorted(states.items()):
+                count.add_metric([pool, state], n)
+            ready = [r for r in replicas if r.state == "ready" and r.healthy]
+            if ready:
+                kv.add_metric([pool], sum(r.kv_cache_usage for r in ready) / len(ready))
+            running.add_metric([pool], sum(r.running for r in ready))
+            waiting.add_metric([pool], sum(r.waiting for r in ready))
+        yield from (count, kv, running, waiting)

@@ -60,6 +60,10 @@ class ReplicaView:
     def ready(self, pool: str) -> list[ReplicaHeartbeat]:
         return [r for r in self._by_pool.get(pool, []) if r.state == "ready" and r.healthy]
 
+    def by_pool(self) -> dict[str, list[ReplicaHeartbeat]]:
+        """Every live replica, by pool, as of the last refresh."""
+        return dict(self._by_pool)
+
 
 @dataclass(frozen=True)
 class Route:

@@ -252,6 +252,9 @@ def test_metrics_count_requests(stack: Stack) -> None:
     text = httpx.get(f"{stack.base_url}/metrics").text
     assert 'llmq_requests_total{model="tiny-llama",status="ok"}' in text
     assert "llmq_time_to_first_token_seconds_bucket" in text
+    # The pool's replicas, from their heartbeats (what KEDA's Prometheus trigger reads).
+    assert f'llmq_pool_replicas{{pool="{stack.pool}",state="ready"}}' in text
+    assert f'llmq_pool_kv_cache_usage{{pool="{stack.pool}"}}' in text
 
 
 async def test_abandoned_non_streaming_request_frees_the_engine(
