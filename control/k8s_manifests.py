@@ -54,6 +54,21 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER}"
 GPU_RESOURCE = "nvidia.com/gpu"
 WEIGHTS_MOUNT = "/var/cache/llmq/weights"
 """Where a worker container sees its weight cache (`LLMQ_WEIGHTS_CACHE_DIR`)."""
+RUN_AS = 10001
+"""The unprivileged user (and group) llmq's containers run as; the root filesystem is
+read-only, so everything a process writes goes to a volume (`/tmp`, the weight cache)."""
+POD_SECURITY: Manifest = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 WORKER_COMMAND = ["llmq", "worker"]
 GRACE_MARGIN_S = 30
 """Seconds a pod's termination grace exceeds the workers' drain grace (engine shutdown)."""
@@ -97,6 +112,11 @@ class KubernetesSettings(BaseSettings):
     kubelet restarts it."""
     in_cluster: bool = True
     """Reach the API with the pod's service account; False: with the local kubeconfig."""
+    cpu: str | None = None
+    """CPU a worker requests (e.g. `8`); None: none requested. No CPU limit is set: a
+    throttled worker stalls its engine's steps."""
+    memory: str | None = None
+    """Memory a worker requests and is limited to (e.g. `96Gi`); None: neither."""
 
 
 def version_env(
@@ -208,6 +228,7 @@ def pod_env(
             "LLMQ_LOG_JSON": "true",
             "LLMQ_DRAIN_GRACE_S": str(settings.drain_grace_s),
             "LLMQ_WEIGHTS_CACHE_DIR": WEIGHTS_MOUNT,
+            "HOME": "/tmp",  # caches (vLLM's, torch's) on the /tmp volume
         }
     )
     env.pop("LLMQ_REPLICA_ID", None)
@@ -232,7 +253,7 @@ def _volumes(version: DeploymentVersion, settings: KubernetesSettings) -> list[M
         if settings.weight_cache == "hostPath"
         else {"emptyDir": {}}
     )
-    volumes = [{"name": "weights", **cache}]
+    volumes = [{"name": "weights", **cache}, {"name": "tmp", "emptyDir": {}}]
     if settings.gpu and version.tensor_parallel_size > 1:  # NCCL's shared memory
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     return volumes
@@ -244,7 +265,10 @@ def _container(
     settings: KubernetesSettings,
     base: Mapping[str, str] | None,
 ) -> Manifest:
-    mounts = [{"name": "weights", "mountPath": WEIGHTS_MOUNT}]
+    mounts = [
+        {"name": "weights", "mountPath": WEIGHTS_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
     if settings.gpu and version.tensor_parallel_size > 1:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: Manifest = {
@@ -258,10 +282,18 @@ def _container(
         "readinessProbe": _probe("/readyz", settings, 5, 2),
         "livenessProbe": _probe("/healthz", settings, 10, 3),
         "volumeMounts": mounts,
+        "securityContext": dict(CONTAINER_SECURITY),
     }
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
     if settings.gpu:
-        gpus = {GPU_RESOURCE: str(version.tensor_parallel_size)}
-        container["resources"] = {"requests": dict(gpus), "limits": dict(gpus)}
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(version.tensor_parallel_size)
+    if settings.cpu is not None:
+        requests["cpu"] = settings.cpu
+    if settings.memory is not None:
+        requests["memory"] = limits["memory"] = settings.memory
+    if requests:
+        container["resources"] = {"requests": requests, "limits": limits}
     return container
 
 
@@ -286,6 +318,7 @@ def worker_deployment(
     spec: Manifest = {
         "terminationGracePeriodSeconds": termination_grace_s(settings),
         "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY),
         "nodeSelector": {POOL_LABEL: label_value(version.pool)},
         "containers": [_container(name, version, settings, base_env)],
         "volumes": _volumes(version, settings),

@@ -12,6 +12,7 @@ from llmq.bench.commands import bench_app
 from llmq.cli_options import DEFAULT_BASE_URL, BaseUrlOption
 from llmq.deployments_cli import deployments_app
 from llmq.eval_cli import eval_command
+from llmq.k8s_cli import k8s_app
 from llmq.plan_cli import plan_command
 from llmq.weights_cli import weights_app
 
@@ -27,6 +28,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(batch_app, name="batch")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(weights_app, name="weights")
+app.add_typer(k8s_app, name="k8s")
 app.command("eval")(eval_command)
 app.command("plan")(plan_command)
 
