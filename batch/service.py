@@ -37,6 +37,7 @@ from schemas.render import ChatRenderer
 from topics import catalog
 from topics.counted_queue import AnnouncedJobQueue
 from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
+from topics.kafka_connection import configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
@@ -117,6 +118,7 @@ async def fan_out_created(stream: KafkaTopicStream, fanout: BatchFanout) -> None
 
 async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     """Run until ``stop`` is set."""
+    configure_kafka(settings.kafka_connection)
     client_id = settings.service_id
     await ensure_topics(settings.kafka_bootstrap, sorted({d.pool for d in settings.deployments}))
     redis = connect_redis(settings.redis_url)

@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.deployment import Deployment
 from schemas.teams import TeamPolicy
+from topics.kafka_connection import KafkaConnection
 
 
 class BatchSettings(BaseSettings):
@@ -18,6 +19,10 @@ class BatchSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (host:port, comma-separated)."""
+    kafka_connection: KafkaConnection = KafkaConnection()
+    """How the Kafka clients connect (`LLMQ_KAFKA_CONNECTION`, JSON): plaintext locally,
+    `{"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "aws_region": ...,
+    "replication_factor": 3}` on MSK with IAM."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis (durable: append-only file) holding batch state."""
     s3_endpoint_url: str | None = None

@@ -27,6 +27,7 @@ from control.k8s_manifests import (
 )
 from control.keda import KafkaAccess, PoolScaling, msk_trigger_authentication, scaled_object
 from schemas.registry import DeploymentVersion
+from topics.kafka_connection import KafkaConnection
 
 CONFIG_MAP = "llmq-config"
 REDIS_SECRET = "llmq-redis"
@@ -38,10 +39,7 @@ SKIPS = {
     "CKV_K8S_11": "no CPU limit on purpose: a throttled process stalls every stream it serves",
 }
 """checkov findings accepted for every llmq pod, with why (annotations on each workload)."""
-BATCH_SKIPS = {
-    "CKV_K8S_8": "the batch service serves no HTTP; its consumer-group lag shows it is stuck",
-    "CKV_K8S_9": "the batch service takes no traffic; there is nothing to be ready for",
-}
+BATCH_PROBE_PORT = 8081
 
 
 class FleetPool(BaseModel):
@@ -89,10 +87,9 @@ def _meta(name: str, fleet: Fleet, **extra: Any) -> Manifest:
     return {"name": name, "namespace": fleet.namespace, **extra}
 
 
-def _skips(extra: dict[str, str] | None = None) -> dict[str, str]:
+def _skips() -> dict[str, str]:
     """checkov's skip annotations (`checkov.io/skipN: ID=reason`)."""
-    reasons = {**SKIPS, **(extra or {})}
-    return {f"checkov.io/skip{i}": f"{k}={v}" for i, (k, v) in enumerate(reasons.items(), 1)}
+    return {f"checkov.io/skip{i}": f"{k}={v}" for i, (k, v) in enumerate(SKIPS.items(), 1)}
 
 
 def _pod_spec(account: str, container: Manifest, **extra: Any) -> Manifest:
@@ -131,9 +128,12 @@ def _config(fleet: Fleet) -> Manifest:
         "metadata": _meta(CONFIG_MAP, fleet),
         "data": {
             "LLMQ_KAFKA_BOOTSTRAP": fleet.kafka_bootstrap,
-            "LLMQ_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "LLMQ_KAFKA_SASL_MECHANISM": "OAUTHBEARER",
-            "LLMQ_AWS_REGION": fleet.aws_region,
+            "LLMQ_KAFKA_CONNECTION": KafkaConnection(
+                security_protocol="SASL_SSL",
+                sasl_mechanism="OAUTHBEARER",
+                aws_region=fleet.aws_region,
+                replication_factor=3,
+            ).model_dump_json(),
             "AWS_REGION": fleet.aws_region,
             "LLMQ_S3_BUCKET": fleet.files_bucket,
             "LLMQ_ADAPTER_URI_PREFIX": f"s3://{fleet.adapters_bucket}/{{team}}/",
@@ -157,9 +157,9 @@ def _labels(app: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "llmq"}
 
 
-def _http_probe(path: str, period_s: int, failures: int) -> Manifest:
+def _http_probe(path: str, period_s: int, failures: int, port: int = GATEWAY_PORT) -> Manifest:
     return {
-        "httpGet": {"path": path, "port": GATEWAY_PORT},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period_s,
         "failureThreshold": failures,
     }
@@ -235,13 +235,20 @@ def _batch_service(fleet: Fleet) -> Manifest:
         "image": fleet.image,
         "command": ["llmq", "batch", "serve"],
         "envFrom": _env_from(),
-        "env": [_redis_env()],
+        "env": [
+            {"name": "LLMQ_PROBE_PORT", "value": str(BATCH_PROBE_PORT)},
+            {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
+            _redis_env(),
+        ],
+        "ports": [{"name": "probes", "containerPort": BATCH_PROBE_PORT, "protocol": "TCP"}],
+        "readinessProbe": _http_probe("/readyz", 10, 3, BATCH_PROBE_PORT),
+        "livenessProbe": _http_probe("/healthz", 10, 3, BATCH_PROBE_PORT),
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta("llmq-batch", fleet, labels=labels, annotations=_skips(BATCH_SKIPS)),
+        "metadata": _meta("llmq-batch", fleet, labels=labels, annotations=_skips()),
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -296,7 +303,7 @@ def _workers(fleet: Fleet, pool: FleetPool, kafka: KafkaAccess) -> list[Manifest
     )  # fmt: skip
     version = pool_version(pool)
     deployment = worker_deployment(
-        pool.deployment, version, settings, {"LLMQ_AWS_REGION": fleet.aws_region},
+        pool.deployment, version, settings, {},
         replicas=pool.min_replicas,
     )  # fmt: skip
     deployment["metadata"]["annotations"].update(_skips())

@@ -58,6 +58,7 @@ from topics.kafka import (
     KafkaUsageStream,
     ensure_topics,
 )
+from topics.kafka_connection import configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_adapter_demand import RedisAdapterDemand
 from topics.redis_arm_stats import RedisArmStats
@@ -72,6 +73,7 @@ log = structlog.get_logger()
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     """Build the gateway; adapters connect in the lifespan, so building is cheap."""
+    configure_kafka(settings.kafka_connection)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

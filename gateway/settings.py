@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.services.quota import TeamPolicy
 from schemas.deployment import Deployment
+from topics.kafka_connection import KafkaConnection
 
 __all__ = ["Deployment", "GatewaySettings"]
 
@@ -21,6 +22,10 @@ class GatewaySettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (host:port, comma-separated)."""
+    kafka_connection: KafkaConnection = KafkaConnection()
+    """How the Kafka clients connect (`LLMQ_KAFKA_CONNECTION`, JSON): plaintext locally,
+    `{"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "aws_region": ...,
+    "replication_factor": 3}` on MSK with IAM."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis (or Valkey) for the token relay, cancels and heartbeats."""
     redis_max_connections: int = 128

@@ -25,6 +25,7 @@ from control.rollout import RolloutController
 from schemas.deployment import Deployment
 from schemas.registry import DeploymentVersion
 from topics.kafka import KafkaProducer, ensure_topics
+from topics.kafka_connection import KafkaConnection, configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
 from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
@@ -44,6 +45,10 @@ class ControllerSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (the registry and the job topics)."""
+    kafka_connection: KafkaConnection = KafkaConnection()
+    """How the Kafka clients connect (`LLMQ_KAFKA_CONNECTION`, JSON): plaintext locally,
+    `{"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "aws_region": ...,
+    "replication_factor": 3}` on MSK with IAM."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis (the pools' waiting backlog, which a draining version must empty first)."""
     deployments: list[Deployment] = []
@@ -228,6 +233,7 @@ async def replica_runner(
 async def serve(settings: ControllerSettings) -> None:
     """Run until SIGTERM or SIGINT. Local replicas are then drained and stopped; Kubernetes
     ones keep running (a restarted controller adopts them)."""
+    configure_kafka(settings.kafka_connection)
     client_id = "llmq-controller"
     await ensure_registry_topic(settings.kafka_bootstrap)
     producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)

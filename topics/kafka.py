@@ -25,6 +25,7 @@ from schemas.messages import (
 )
 from topics import catalog
 from topics.catalog import PriorityClass
+from topics.kafka_connection import client_kwargs, kafka_connection
 from topics.ports import JobReceipt
 
 log = structlog.get_logger()
@@ -35,7 +36,7 @@ FETCH_MAX_WAIT_MS = 10
 
 async def ensure_topics(bootstrap: str, pools: list[str], partitions: int = 8) -> list[str]:
     """Create every topic the pools need (idempotent); return the ones created now."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -44,7 +45,13 @@ async def ensure_topics(bootstrap: str, pools: list[str], partitions: int = 8) -
         for topic in missing:
             try:
                 await admin.create_topics(
-                    [NewTopic(name=topic, num_partitions=partitions, replication_factor=1)]
+                    [
+                        NewTopic(
+                            name=topic,
+                            num_partitions=partitions,
+                            replication_factor=kafka_connection().replication_factor,
+                        )
+                    ]
                 )
                 created.append(topic)
             except TopicAlreadyExistsError:
@@ -62,6 +69,7 @@ class KafkaProducer:
     def __init__(self, bootstrap: str, client_id: str) -> None:
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
+            **client_kwargs(),
             client_id=client_id,
             acks="all",
             linger_ms=0,
@@ -145,6 +153,7 @@ class KafkaTopicStream:
         self._consumer = AIOKafkaConsumer(
             topic,
             bootstrap_servers=bootstrap,
+            **client_kwargs(),
             group_id=group_id,
             client_id=client_id,
             enable_auto_commit=False,
@@ -237,6 +246,7 @@ def job_consumer(
     """A consumer in the pool's worker group; offsets are committed by hand, never auto."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
+        **client_kwargs(),
         group_id=catalog.worker_group(pool),
         client_id=client_id,
         enable_auto_commit=False,

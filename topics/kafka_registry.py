@@ -15,6 +15,7 @@ from schemas.adapters import AdapterRecord
 from schemas.registry import DeploymentRecord, registry_record_adapter
 from topics import catalog
 from topics.kafka import KafkaProducer
+from topics.kafka_connection import client_kwargs, kafka_connection
 from topics.ports import RegistryEntry
 
 log = structlog.get_logger()
@@ -24,7 +25,7 @@ _PARTITION = TopicPartition(catalog.REGISTRY_TOPIC, 0)
 
 async def ensure_registry_topic(bootstrap: str) -> bool:
     """Create the registry topic (compacted, one partition) unless it exists; True if created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_kwargs())
     await admin.start()
     try:
         if catalog.REGISTRY_TOPIC in set(await admin.list_topics()):
@@ -32,7 +33,7 @@ async def ensure_registry_topic(bootstrap: str) -> bool:
         topic = NewTopic(
             name=catalog.REGISTRY_TOPIC,
             num_partitions=1,
-            replication_factor=1,
+            replication_factor=kafka_connection().replication_factor,
             topic_configs={"cleanup.policy": "compact"},
         )
         try:
@@ -55,6 +56,7 @@ class KafkaRegistryLog:
         self._producer = producer
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **client_kwargs(),
             client_id=f"{client_id}-registry",
             group_id=None,
             enable_auto_commit=False,

@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from topics.kafka import FETCH_MAX_WAIT_MS
+from topics.kafka_connection import client_kwargs
 
 log = structlog.get_logger()
 
@@ -82,6 +83,7 @@ class KafkaTopicReader:
         # past a position while reading (retention): read on from the new start.
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **client_kwargs(),
             client_id=client_id,
             group_id=None,
             enable_auto_commit=False,
@@ -120,7 +122,7 @@ class KafkaTopicReader:
         """
         if self._partitions_cache is None:
             admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap, client_id=self._client_id
+                bootstrap_servers=self._bootstrap, client_id=self._client_id, **client_kwargs()
             )
             await admin.start()
             try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import structlog
 import uvloop
 
+from topics.kafka_connection import configure_kafka
 from workers.engine.port import EngineClient
 from workers.exit_codes import UNHEALTHY_EXIT_CODE, WEIGHTS_EXIT_CODE
 from workers.settings import WorkerSettings
@@ -95,6 +96,7 @@ async def weights_folder(settings: WorkerSettings) -> str:
 def run_worker(settings: WorkerSettings) -> None:
     """Serve; an unhealthy engine exits with code 3 for the supervisor to restart, weights
     that do not verify with code 4 before any engine is built on them."""
+    configure_kafka(settings.kafka_connection)
     if settings.engine == "vllm":  # a simulated engine loads no weights
         try:
             path = uvloop.run(weights_folder(settings))

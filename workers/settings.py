@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from topics.kafka_connection import KafkaConnection
+
 
 class WorkerSettings(BaseSettings):
     """Everything one worker (one engine replica) needs; built once at start-up."""
@@ -16,6 +18,10 @@ class WorkerSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (host:port, comma-separated)."""
+    kafka_connection: KafkaConnection = KafkaConnection()
+    """How the Kafka clients connect (`LLMQ_KAFKA_CONNECTION`, JSON): plaintext locally,
+    `{"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "aws_region": ...,
+    "replication_factor": 3}` on MSK with IAM."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis (or Valkey) for the token relay, cancels and heartbeats."""
     model: str = "smollm2-135m-instruct"
