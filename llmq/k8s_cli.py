@@ -13,17 +13,25 @@ from llmq.plan import PRESETS, Plan, plan
 
 k8s_app = typer.Typer(help="Kubernetes objects of an llmq fleet.")
 
-TERRAFORM_OUTPUTS = {
-    "kafka_bootstrap": "msk_bootstrap_brokers_sasl_iam",
-    "files_bucket": "files_bucket",
-    "adapters_bucket": "adapters_bucket",
-    "gateway_role_arn": "gateway_role_arn",
-    "worker_role_arn": "worker_role_arn",
-    "batch_role_arn": "batch_role_arn",
-    "keda_role_arn": "keda_role_arn",
-    "aws_region": "region",
-}
-"""Fleet field -> the `terraform output` of infra/terraform/envs/prod that fills it."""
+TERRAFORM_OUTPUTS = ("kafka_bootstrap", "buckets", "service_role_arns", "region")
+"""The outputs of infra/terraform/envs/prod a fleet is rendered from."""
+
+
+def from_terraform(outputs: dict[str, Any]) -> dict[str, str]:
+    """Fleet fields from `terraform output -json` of infra/terraform/envs/prod."""
+    value = {name: outputs[name]["value"] for name in TERRAFORM_OUTPUTS}
+    buckets, roles = value["buckets"], value["service_role_arns"]
+    return {
+        "kafka_bootstrap": value["kafka_bootstrap"],
+        "aws_region": value["region"],
+        "files_bucket": buckets["files"],
+        "adapters_bucket": buckets["adapters"],
+        "weights_bucket": buckets["weights"],
+        **{f"{service}_role_arn": roles[service] for service in ("gateway", "worker", "batch")},
+        "keda_role_arn": roles["keda"],
+    }
+
+
 EXAMPLE = {
     "kafka_bootstrap": "b-1.llmq-prod.abc123.c2.kafka.us-east-1.amazonaws.com:9098,"
     "b-2.llmq-prod.abc123.c2.kafka.us-east-1.amazonaws.com:9098",
@@ -56,10 +64,7 @@ def pool_of(result: Plan, weights_bucket: str) -> FleetPool:
 def fleet_from(presets: list[str], terraform: dict[str, Any] | None, image: str | None) -> Fleet:
     """The fleet of these planned pools on the infrastructure `terraform` describes (the
     JSON of `terraform output -json`), or on the example's placeholders."""
-    values = dict(EXAMPLE)
-    if terraform is not None:
-        values = {k: terraform[o]["value"] for k, o in TERRAFORM_OUTPUTS.items() if o in terraform}
-        values["weights_bucket"] = terraform["weights_bucket"]["value"]
+    values = dict(EXAMPLE) if terraform is None else from_terraform(terraform)
     weights = values.pop("weights_bucket")
     pools = [pool_of(plan(PRESETS[name]), weights) for name in presets]
     extra = {"image": image} if image else {}

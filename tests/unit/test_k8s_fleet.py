@@ -107,8 +107,14 @@ def test_workers_take_their_gpus_on_their_pools_nodes_and_drain_before_they_die(
 
 
 def test_terraform_outputs_fill_the_fleet(tmp_path: Path) -> None:
-    outputs = {name: {"value": f"from-terraform-{name}"} for name in TERRAFORM_OUTPUTS.values()}
-    outputs["weights_bucket"] = {"value": "weights-bucket"}
+    roles = {s: f"arn:aws:iam::1:role/{s}" for s in ("gateway", "worker", "batch", "keda")}
+    values = {
+        "kafka_bootstrap": "b-1.msk.example:9098", "region": "eu-west-1",
+        "buckets": {"files": "f", "weights": "weights-bucket", "adapters": "a"},
+        "service_role_arns": {**roles, "controller": "arn:aws:iam::1:role/controller"},
+    }  # fmt: skip
+    assert set(values) == set(TERRAFORM_OUTPUTS)
+    outputs = {name: {"value": value, "sensitive": False} for name, value in values.items()}
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(outputs))
     result = CliRunner().invoke(
@@ -117,7 +123,11 @@ def test_terraform_outputs_fill_the_fleet(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     objects = list(yaml.safe_load_all(result.output))
     config = by_kind(objects, "ConfigMap")[0]["data"]
-    assert config["LLMQ_KAFKA_BOOTSTRAP"] == "from-terraform-msk_bootstrap_brokers_sasl_iam"
+    assert config["LLMQ_KAFKA_BOOTSTRAP"] == "b-1.msk.example:9098"
+    assert '"aws_region":"eu-west-1"' in config["LLMQ_KAFKA_CONNECTION"]
+    accounts = {a["metadata"]["name"]: a for a in by_kind(objects, "ServiceAccount")}
+    role = accounts["llmq-worker"]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+    assert role == "arn:aws:iam::1:role/worker"
     worker = next(d for d in by_kind(objects, "Deployment") if "llmq-worker" in str(d))
     env = {e["name"]: e.get("value") for e in worker["spec"]["template"]["spec"]["containers"][
         0]["env"]}  # fmt: skip
