@@ -25,7 +25,7 @@ from control.k8s_manifests import (
     worker_name,
     worker_pdb,
 )
-from control.keda import KafkaAccess, PoolScaling, msk_trigger_authentication, scaled_object
+from control.keda import KafkaAccess, msk_trigger_authentication, scaled_object, version_scaling
 from schemas.registry import DeploymentVersion
 from topics.kafka_connection import KafkaConnection
 
@@ -310,10 +310,7 @@ def _workers(fleet: Fleet, pool: FleetPool, kafka: KafkaAccess) -> list[Manifest
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["envFrom"] = _env_from()
     container["env"].append(_redis_env())
-    scaling = PoolScaling(
-        pool=pool.pool, model=pool.deployment, min_replicas=pool.min_replicas,
-        max_replicas=pool.max_replicas, ttft_slo_s=pool.ttft_slo_s,
-    )  # fmt: skip
+    scaling = version_scaling(pool.deployment, version)
     name = worker_name(pool.deployment, pool.version)
     return [
         deployment,
@@ -324,10 +321,7 @@ def _workers(fleet: Fleet, pool: FleetPool, kafka: KafkaAccess) -> list[Manifest
 
 def render_fleet(fleet: Fleet) -> list[Manifest]:
     """Every object, in the order `kubectl apply` should create them."""
-    kafka = KafkaAccess(
-        bootstrap_servers=fleet.kafka_bootstrap, aws_region=fleet.aws_region,
-        role_arn=fleet.keda_role_arn,
-    )  # fmt: skip
+    kafka = KafkaAccess(bootstrap_servers=fleet.kafka_bootstrap, aws_region=fleet.aws_region)
     objects: list[Manifest] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": fleet.namespace}},
         _service_account("llmq-gateway", fleet.gateway_role_arn, fleet),
@@ -335,7 +329,7 @@ def render_fleet(fleet: Fleet) -> list[Manifest]:
         _service_account("llmq-batch", fleet.batch_role_arn, fleet),
         _config(fleet),
         *_network_policies(fleet),
-        msk_trigger_authentication(fleet.namespace, kafka),
+        msk_trigger_authentication(fleet.namespace, fleet.keda_role_arn),
         *_gateway(fleet),
         _batch_service(fleet),
     ]

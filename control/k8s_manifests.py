@@ -117,6 +117,17 @@ class KubernetesSettings(BaseSettings):
     throttled worker stalls its engine's steps."""
     memory: str | None = None
     """Memory a worker requests and is limited to (e.g. `96Gi`); None: neither."""
+    autoscaler: Literal["none", "keda"] = "none"
+    """`keda`: each worker Deployment gets a KEDA `ScaledObject` (created with it, deleted
+    when its version drains) that scales it between the version's `replicas.min` and
+    `replicas.max` on job-topic lag, KV use and TTFT; the controller then only keeps each
+    active version within those bounds. `none`: the controller holds each at `replicas.min`."""
+    keda_kafka_bootstrap: str = ""
+    """MSK's IAM bootstrap brokers, where the `ScaledObject`s read consumer lag."""
+    keda_aws_region: str = ""
+    """The MSK cluster's region."""
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    """The Prometheus that scrapes the gateways (KV use and TTFT triggers)."""
 
 
 def version_env(

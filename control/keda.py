@@ -21,6 +21,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from control.k8s_manifests import Manifest
+from schemas.registry import DeploymentVersion
 from topics.catalog import job_topic, worker_group
 
 KEDA_API = "keda.sh/v1alpha1"
@@ -46,22 +47,30 @@ class PoolScaling(BaseModel):
 
 
 class KafkaAccess(BaseModel):
-    """How KEDA reads the job topics' consumer lag."""
+    """Where KEDA reads the job topics' consumer lag (MSK, TLS and IAM, as `MSK_AUTH`)."""
 
     bootstrap_servers: str
     aws_region: str
-    role_arn: str
-    """The IAM role KEDA assumes to describe consumer groups (terraform's `keda_role_arn`)."""
 
 
-def msk_trigger_authentication(namespace: str, kafka: KafkaAccess) -> Manifest:
-    """The `TriggerAuthentication` of MSK with IAM: KEDA assumes `role_arn` itself."""
+def msk_trigger_authentication(namespace: str, role_arn: str) -> Manifest:
+    """The `TriggerAuthentication` of MSK with IAM: KEDA assumes `role_arn` (the IRSA role
+    Terraform made for it: describe the workers' consumer groups and topics) itself."""
     return {
         "apiVersion": KEDA_API,
         "kind": "TriggerAuthentication",
         "metadata": {"name": MSK_AUTH, "namespace": namespace},
-        "spec": {"podIdentity": {"provider": "aws", "roleArn": kafka.role_arn}},
+        "spec": {"podIdentity": {"provider": "aws", "roleArn": role_arn}},
     }
+
+
+def version_scaling(name: str, version: DeploymentVersion) -> PoolScaling:
+    """How the workers of `version` of deployment `name` scale: between its replica bounds,
+    against its TTFT SLO."""
+    return PoolScaling(
+        pool=version.pool, model=name, min_replicas=version.replicas.min,
+        max_replicas=max(version.replicas.max, 1), ttft_slo_s=version.ttft_slo_s,
+    )  # fmt: skip
 
 
 def _lag_trigger(

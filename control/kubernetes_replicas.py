@@ -30,6 +30,7 @@ from control.k8s_manifests import (
     worker_name,
     worker_pdb,
 )
+from control.keda import KafkaAccess, scaled_object, version_scaling
 from control.pool_controller import WEIGHTS_FAILURE, VersionKey, crash_loop
 from schemas.registry import DeploymentVersion
 from workers.exit_codes import WEIGHTS_EXIT_CODE
@@ -40,6 +41,12 @@ REQUEST_TIMEOUT_S = 30.0
 """How long one API call may take."""
 FAILURES_READ_S = 15.0
 """How often `failures()` reads the pods again when nothing was written."""
+
+
+def scaled_objects_path(namespace: str) -> tuple[str, str, str, str]:
+    """Group, version, namespace and plural of KEDA's `ScaledObject`s in `namespace`."""
+    return ("keda.sh", "v1alpha1", namespace, "scaledobjects")
+
 
 Prepare = Callable[[DeploymentVersion], Awaitable[None]]
 """What must exist before a version's first replica starts (its pool's job topics)."""
@@ -62,6 +69,32 @@ class AppsApi(Protocol):
 
     def delete_namespaced_deployment(
         self, name: str, namespace: str, *, _request_timeout: float
+    ) -> Any: ...
+
+
+class CustomObjectsApi(Protocol):
+    """What the adapter calls of `kubernetes.client.CustomObjectsApi` (KEDA's objects)."""
+
+    def create_namespaced_custom_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        body: Any,
+        *,
+        _request_timeout: float,
+    ) -> Any: ...
+
+    def delete_namespaced_custom_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        *,
+        _request_timeout: float,
     ) -> Any: ...
 
 
@@ -144,6 +177,7 @@ class KubernetesReplicas:
         api_client: Any = None,
         core: CoreApi | None = None,
         crash_limit: int = 5,
+        custom: CustomObjectsApi | None = None,
     ) -> None:
         self._settings = settings
         self._apps = apps
@@ -153,6 +187,9 @@ class KubernetesReplicas:
         self._api_client = api_client
         self._core = core
         self._crash_limit = crash_limit
+        self._custom = custom
+        if settings.autoscaler == "keda" and custom is None:
+            raise ValueError("autoscaler keda needs the custom objects API")
         self._replicas: dict[VersionKey, int] = {}
         self._failures: dict[VersionKey, str] = {}
         self._loaded_at = -FAILURES_READ_S
@@ -173,7 +210,13 @@ class KubernetesReplicas:
         load_config()
         api = client.ApiClient()
         apps, policy, core = client.AppsV1Api(api), client.PolicyV1Api(api), client.CoreV1Api(api)
-        return cls(settings, apps, policy, worker_env, prepare, api, core, crash_limit)
+        custom = client.CustomObjectsApi(api)
+        return cls(settings, apps, policy, worker_env, prepare, api, core, crash_limit, custom)
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether KEDA scales active versions between their bounds (`autoscaler`)."""
+        return self._settings.autoscaler == "keda"
 
     def running(self) -> dict[VersionKey, int]:
         """`spec.replicas` of each managed version's Deployment, as last loaded."""
@@ -261,6 +304,17 @@ class KubernetesReplicas:
             await self.load()
             have = self._replicas.get((name, version.version), 0)
             await self._scale(worker_name(name, version.version), have + 1)
+        if self._custom is not None and self.autoscaled:
+            kafka = KafkaAccess(
+                bootstrap_servers=self._settings.keda_kafka_bootstrap,
+                aws_region=self._settings.keda_aws_region,
+            )
+            scaled = scaled_object(
+                worker_name(name, version.version), namespace, version_scaling(name, version),
+                kafka, self._settings.prometheus_url,
+            )  # fmt: skip
+            create_scaled = self._custom.create_namespaced_custom_object
+            await self._call(create_scaled, *scaled_objects_path(namespace), scaled, ok=409)
 
     async def _scale(self, object_name: str, replicas: int) -> None:
         body = {"spec": {"replicas": replicas}}
@@ -275,6 +329,10 @@ class KubernetesReplicas:
         if have <= 0:
             return
         object_name = worker_name(*key)
+        if self._custom is not None and self.autoscaled:  # KEDA lets go of it first
+            delete_scaled = self._custom.delete_namespaced_custom_object
+            namespace = self._settings.namespace
+            await self._call(delete_scaled, *scaled_objects_path(namespace), object_name, ok=404)
         if have > 1:
             await self._scale(object_name, have - 1)
         else:

@@ -76,9 +76,13 @@ class PoolController(Rounds):
         backlog: QueueBacklog,
         interval_s: float = 1.0,
         managed: frozenset[str] = frozenset(),
+        autoscaled: bool = False,
     ) -> None:
         super().__init__("pool-controller", interval_s)
         self._managed = managed
+        self._autoscaled = autoscaled
+        """An autoscaler (KEDA) moves active versions between their bounds: the controller
+        only brings one up to `replicas.min` or down to `replicas.max`."""
         self._registry = registry
         self._runner = runner
         self._backlog = backlog
@@ -102,6 +106,8 @@ class PoolController(Rounds):
                 key = (record.name, version.version)
                 wanted.add(key)
                 have, want = running.get(key, 0), desired_replicas(version)
+                if self._autoscaled and version.lifecycle == "active":
+                    want = min(max(have, want), version.replicas.max)
                 if key in failures and version.lifecycle == "active":
                     await self._fail(record, version.version, failures[key])
                     want = 0

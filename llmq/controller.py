@@ -94,6 +94,9 @@ class ControllerSettings(BaseSettings):
 class LocalProcessReplicas:
     """The `ReplicaRunner` of one machine: a worker process per replica."""
 
+    autoscaled = False
+    """Nothing but the controller starts local workers."""
+
     def __init__(self, settings: ControllerSettings) -> None:
         from llmq.services import ManagedProcess
 
@@ -249,6 +252,7 @@ async def serve(settings: ControllerSettings) -> None:
         RedisBacklog(redis),
         settings.reconcile_interval_s,
         frozenset(settings.managed_deployments),
+        autoscaled=runner.autoscaled,
     )
     rollouts = RolloutController(registry, RedisArmStats(redis), settings.rollout_interval_s)
     stop = asyncio.Event()

@@ -11,8 +11,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import jsonschema
 import pytest
-from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, PolicyV1Api
+from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi, PolicyV1Api
 from kubernetes.client.exceptions import ApiException
 
 from control.k8s_manifests import (
@@ -29,6 +30,9 @@ from control.kubernetes_replicas import (
     PolicyApi,
     managed_key,
     pod_failure,
+)
+from control.kubernetes_replicas import (
+    CustomObjectsApi as CustomApi,
 )
 from control.pool_controller import WEIGHTS_FAILURE, PoolController
 from control.registry import DeploymentRegistry, first_record
@@ -182,6 +186,28 @@ def recorded_pods() -> dict[str, dict[str, Any]]:
     return {pod["metadata"]["name"][-5:]: pod for pod in recorded("pod_list.json")["items"]}
 
 
+class FakeCustom(FakeStore):
+    """`CustomObjectsApi`, for KEDA's `ScaledObject`s."""
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Any, *,
+        _request_timeout: float,
+    ) -> Any:  # fmt: skip
+        assert (group, version, plural) == ("keda.sh", "v1alpha1", "scaledobjects")
+        self.calls.append(("create", namespace, body))
+        if body["metadata"]["name"] in self.stored:
+            raise api_error(409)
+        self.stored[body["metadata"]["name"]] = copy.deepcopy(body)
+        return copy.deepcopy(body)
+
+    def delete_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, *,
+        _request_timeout: float,
+    ) -> Any:  # fmt: skip
+        assert (group, version, plural) == ("keda.sh", "v1alpha1", "scaledobjects")
+        return self._delete(name)
+
+
 class Closable:
     closed = False
 
@@ -209,6 +235,7 @@ def _api_methods(api: type) -> set[str]:
         (AppsApi, FakeApps, AppsV1Api),
         (PolicyApi, FakePolicy, PolicyV1Api),
         (CoreApi, FakeCore, CoreV1Api),
+        (CustomApi, FakeCustom, CustomObjectsApi),
     ],
 )
 def test_the_fakes_take_what_the_adapter_calls_and_the_client_has(
@@ -371,3 +398,30 @@ async def test_failures_name_the_version_whose_pods_cannot_run() -> None:
     await runner.start("smollm2", SMOL)  # a write reloads
     assert await runner.failures() == {(LLAMA_NAME, "2"): WEIGHTS_FAILURE}
     assert core.calls[-1] == ("list", "llmq", MANAGED_SELECTOR)
+
+
+async def test_with_keda_each_version_gets_a_scaled_object_until_it_drains() -> None:
+    from tests.unit.test_k8s_fleet import keda_schema
+
+    settings = SETTINGS.model_copy(
+        update={"autoscaler": "keda", "keda_kafka_bootstrap": "b-1.msk:9098",
+                "keda_aws_region": "eu-west-1"}
+    )  # fmt: skip
+    apps, custom = FakeApps(), FakeCustom()
+    runner = KubernetesReplicas(settings, apps, FakePolicy(), BASE_ENV, custom=custom)
+    assert runner.autoscaled
+    bounded = LLAMA.model_copy(update={"replicas": ReplicaBounds(min=2, max=9)})
+    await runner.start(LLAMA_NAME, bounded)
+    name = worker_name(LLAMA_NAME, "2")
+    scaled = custom.stored[name]
+    jsonschema.validate(scaled, keda_schema("ScaledObject"))
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"name": name}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 9)
+    assert spec["triggers"][0]["metadata"]["bootstrapServers"] == "b-1.msk:9098"
+    await runner.start(LLAMA_NAME, bounded)  # one more replica: still one ScaledObject
+    assert len(custom.stored) == 1
+    await runner.stop_one((LLAMA_NAME, "2"))  # draining: KEDA lets go first
+    assert custom.stored == {} and apps.writes()[-1] == ("scale", name, 1)
+    with pytest.raises(ValueError, match="custom objects"):
+        KubernetesReplicas(settings, apps, FakePolicy(), BASE_ENV)

@@ -78,6 +78,25 @@ async def test_each_active_version_gets_its_floor_and_a_dead_replica_is_replaced
         await registry.stop()
 
 
+async def test_with_an_autoscaler_the_controller_keeps_active_versions_within_bounds() -> None:
+    registry = DeploymentRegistry(MemoryRegistryLog())
+    await registry.start()
+    runner, backlog = RecordingRunner(), Backlog()
+    controller = PoolController(registry, runner, backlog, autoscaled=True)  # type: ignore[arg-type]
+    try:
+        await registry.update("m", lambda _: first_record("m", _version("1", "p1", 2, 6)))
+        await controller.reconcile()
+        assert runner.replicas == {("m", "1"): 2}  # the warm floor
+        runner.replicas[("m", "1")] = 5  # KEDA scaled it out
+        await controller.reconcile()
+        assert runner.replicas == {("m", "1"): 5} and len(runner.calls) == 2  # left alone
+        runner.replicas[("m", "1")] = 8  # above replicas.max (lowered meanwhile)
+        await controller.reconcile()
+        assert runner.replicas == {("m", "1"): 6}
+    finally:
+        await registry.stop()
+
+
 async def test_a_draining_version_stops_only_once_its_queue_is_empty_then_retires() -> None:
     registry, runner, backlog, controller = await _setup()
     try:
