@@ -25,6 +25,12 @@ CONTROLLER_RULES: tuple[Manifest, ...] = (
 """One rule per resource the adapter touches, with the verbs it uses: Deployments (one per
 version: listed to adopt them, created, deleted at zero), their scale (one replica more or
 fewer), PodDisruptionBudgets, and pods (read for versions that cannot run)."""
+KEDA_RULE: Manifest = {
+    "apiGroups": ["keda.sh"],
+    "resources": ["scaledobjects"],
+    "verbs": ["create", "delete"],
+}
+"""With `autoscaler=keda`: each version's ScaledObject, created with it, deleted at drain."""
 
 
 def _metadata(settings: KubernetesSettings) -> Manifest:
@@ -45,7 +51,8 @@ def controller_rbac(settings: KubernetesSettings) -> list[Manifest]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta,
-            "rules": [dict(rule) for rule in CONTROLLER_RULES],
+            "rules": [dict(rule) for rule in CONTROLLER_RULES]
+            + ([dict(KEDA_RULE)] if settings.autoscaler == "keda" else []),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

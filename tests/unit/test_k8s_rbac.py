@@ -10,7 +10,7 @@ import pytest
 
 from control.k8s_manifests import KubernetesSettings
 from control.k8s_rbac import CONTROLLER_ACCOUNT, controller_rbac
-from control.kubernetes_replicas import AppsApi, CoreApi, PolicyApi
+from control.kubernetes_replicas import AppsApi, CoreApi, CustomObjectsApi, PolicyApi
 
 KUBE_VERSION = "1.31"
 GROUPS = {AppsApi: "apps", PolicyApi: "policy", CoreApi: ""}
@@ -50,6 +50,13 @@ def test_the_role_allows_exactly_what_the_adapter_calls() -> None:
     (_, role, _) = controller_rbac(KubernetesSettings())
     assert len(adapter_calls()) == 7
     assert allowed(role) == adapter_calls()
+    (_, keda_role, _) = controller_rbac(KubernetesSettings(autoscaler="keda"))
+    keda_calls = {
+        ("keda.sh", "scaledobjects", re.sub(r"_namespaced_custom_object$", "", method))
+        for method in vars(CustomObjectsApi)
+        if method.endswith("_namespaced_custom_object")
+    }
+    assert allowed(keda_role) == adapter_calls() | keda_calls
 
 
 @pytest.mark.parametrize("namespace", ["llmq", "inference-prod"])
