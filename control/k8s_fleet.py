@@ -12,6 +12,7 @@ Pure code: renders dicts, talks to nothing.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field, PositiveInt
@@ -25,7 +26,9 @@ from control.k8s_manifests import (
     worker_name,
     worker_pdb,
 )
+from control.k8s_rbac import CONTROLLER_ACCOUNT, CONTROLLER_APP, controller_rbac
 from control.keda import KafkaAccess, msk_trigger_authentication, scaled_object, version_scaling
+from schemas.deployment import Deployment, ReplicaBounds
 from schemas.registry import DeploymentVersion
 from topics.kafka_connection import KafkaConnection
 
@@ -33,13 +36,16 @@ CONFIG_MAP = "llmq-config"
 REDIS_SECRET = "llmq-redis"
 GATEWAY_PORT = 8000
 ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
+TOKENIZERS = "/models"
+"""Where the gateway and batch pods keep each deployment's tokenizer (`<path>/<name>`)."""
 SKIPS = {
     "CKV_K8S_43": "the image is a parameter (--image); pin it by digest in production",
     "CKV_K8S_35": "llmq reads settings from LLMQ_* variables; the Redis URL is its one secret",
     "CKV_K8S_11": "no CPU limit on purpose: a throttled process stalls every stream it serves",
 }
 """checkov findings accepted for every llmq pod, with why (annotations on each workload)."""
-BATCH_PROBE_PORT = 8081
+PROBE_PORT = 8081
+"""The batch service's and the controller's `/healthz` and `/readyz`."""
 
 
 class FleetPool(BaseModel):
@@ -74,6 +80,10 @@ class Fleet(BaseModel):
     worker_role_arn: str
     batch_role_arn: str
     keda_role_arn: str
+    controller_role_arn: str
+    job_topic_partitions: PositiveInt = 128
+    """Partitions of every job topic the controller creates: at least any pool's
+    `max_replicas` (KEDA never runs more consumers than partitions)."""
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     gateway_replicas: PositiveInt = 3
     gateway_max_replicas: PositiveInt = 12
@@ -87,29 +97,50 @@ def _meta(name: str, fleet: Fleet, **extra: Any) -> Manifest:
     return {"name": name, "namespace": fleet.namespace, **extra}
 
 
-def _skips() -> dict[str, str]:
+def _skips(extra: dict[str, str] | None = None) -> dict[str, str]:
     """checkov's skip annotations (`checkov.io/skipN: ID=reason`)."""
-    return {f"checkov.io/skip{i}": f"{k}={v}" for i, (k, v) in enumerate(SKIPS.items(), 1)}
+    reasons = {**SKIPS, **(extra or {})}
+    return {f"checkov.io/skip{i}": f"{k}={v}" for i, (k, v) in enumerate(reasons.items(), 1)}
 
 
-def _pod_spec(account: str, container: Manifest, **extra: Any) -> Manifest:
-    """A pod of llmq's own: unprivileged, read-only root, a /tmp volume, no API token."""
-    container = {
+def _secure(container: Manifest, mounts: list[Manifest]) -> Manifest:
+    """A container of llmq's own: unprivileged, read-only root, writing only to volumes."""
+    return {
         **container,
         "imagePullPolicy": "Always",
         "securityContext": dict(CONTAINER_SECURITY),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "env": [*container.get("env", []), {"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
     }
-    container["env"] = [*container["env"], {"name": "HOME", "value": "/tmp"}]
-    return {
+
+
+def _pod_spec(
+    account: str,
+    container: Manifest,
+    *,
+    role: str = "gateway",
+    api_token: bool = False,
+    init: list[Manifest] = [],  # noqa: B006 (never mutated)
+    volumes: dict[str, str] = {},  # noqa: B006 (never mutated)
+    **extra: Any,
+) -> Manifest:
+    """A pod of llmq's own on the `role` node group: `volumes` (name -> mount path) are
+    emptyDirs its containers share. Only the controller calls the Kubernetes API, so only
+    its pod mounts a token (IRSA mounts its own)."""
+    mounts = [{"name": name, "mountPath": path} for name, path in volumes.items()]
+    spec: Manifest = {
         "serviceAccountName": account,
-        "automountServiceAccountToken": False,  # IRSA mounts its own token
+        "automountServiceAccountToken": api_token,
         "securityContext": dict(POD_SECURITY),
-        "nodeSelector": {"llmq.dev/role": "gateway"},
-        "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "nodeSelector": {"llmq.dev/role": role},
+        "containers": [_secure(container, mounts)],
+        "volumes": [{"name": "tmp", "emptyDir": {}}]
+        + [{"name": name, "emptyDir": {}} for name in volumes],
         **extra,
     }
+    if init:
+        spec["initContainers"] = [_secure(c, mounts) for c in init]
+    return spec
 
 
 def _service_account(name: str, role_arn: str, fleet: Fleet) -> Manifest:
@@ -138,6 +169,9 @@ def _config(fleet: Fleet) -> Manifest:
             "LLMQ_S3_BUCKET": fleet.files_bucket,
             "LLMQ_ADAPTER_URI_PREFIX": f"s3://{fleet.adapters_bucket}/{{team}}/",
             "LLMQ_LOG_JSON": "true",
+            "LLMQ_DEPLOYMENTS": json.dumps(
+                [seed(p).model_dump(mode="json", exclude_defaults=True) for p in fleet.pools]
+            ),
         },
     }
 
@@ -163,6 +197,23 @@ def _http_probe(path: str, period_s: int, failures: int, port: int = GATEWAY_POR
         "periodSeconds": period_s,
         "failureThreshold": failures,
     }
+
+
+def _tokenizer_pulls(fleet: Fleet) -> list[Manifest]:
+    """Init containers that pull each deployment's tokenizer (not its weights) into the pod:
+    the gateway and the batch service tokenize prompts themselves."""
+    return [
+        {
+            "name": f"tokenizer-{i}",
+            "image": fleet.image,
+            "command": ["llmq", "weights", "pull", "--tokenizer-only", p.weights_uri,
+                        tokenizer_path(p)],
+            "envFrom": _env_from(),
+            "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                          "limits": {"memory": "512Mi"}},
+        }
+        for i, p in enumerate(fleet.pools)
+    ]  # fmt: skip
 
 
 def _gateway(fleet: Fleet) -> list[Manifest]:
@@ -193,7 +244,13 @@ def _gateway(fleet: Fleet) -> list[Manifest]:
             "template": {
                 "metadata": {"labels": labels},
                 # Streams in flight finish before the gateway exits.
-                "spec": _pod_spec("llmq-gateway", container, terminationGracePeriodSeconds=60),
+                "spec": _pod_spec(
+                    "llmq-gateway",
+                    container,
+                    init=_tokenizer_pulls(fleet),
+                    volumes={"models": TOKENIZERS},
+                    terminationGracePeriodSeconds=60,
+                ),
             },
         },
     }
@@ -236,13 +293,13 @@ def _batch_service(fleet: Fleet) -> Manifest:
         "command": ["llmq", "batch", "serve"],
         "envFrom": _env_from(),
         "env": [
-            {"name": "LLMQ_PROBE_PORT", "value": str(BATCH_PROBE_PORT)},
+            {"name": "LLMQ_PROBE_PORT", "value": str(PROBE_PORT)},
             {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
             _redis_env(),
         ],
-        "ports": [{"name": "probes", "containerPort": BATCH_PROBE_PORT, "protocol": "TCP"}],
-        "readinessProbe": _http_probe("/readyz", 10, 3, BATCH_PROBE_PORT),
-        "livenessProbe": _http_probe("/healthz", 10, 3, BATCH_PROBE_PORT),
+        "ports": [{"name": "probes", "containerPort": PROBE_PORT, "protocol": "TCP"}],
+        "readinessProbe": _http_probe("/readyz", 10, 3, PROBE_PORT),
+        "livenessProbe": _http_probe("/healthz", 10, 3, PROBE_PORT),
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
     }
     return {
@@ -254,7 +311,12 @@ def _batch_service(fleet: Fleet) -> Manifest:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": _pod_spec("llmq-batch", container),
+                "spec": _pod_spec(
+                    "llmq-batch",
+                    container,
+                    init=_tokenizer_pulls(fleet),
+                    volumes={"models": TOKENIZERS},
+                ),
             },
         },
     }
@@ -283,35 +345,51 @@ def _network_policies(fleet: Fleet) -> list[Manifest]:
 
 
 def pool_version(pool: FleetPool) -> DeploymentVersion:
-    """A pool's deployment version as the registry would hold it."""
-    return DeploymentVersion.model_validate(
-        {
-            "version": pool.version, "path": pool.path, "weights_uri": pool.weights_uri,
-            "tensor_parallel_size": pool.tensor_parallel, "max_model_len": pool.max_model_len,
-            "pool": pool.pool, "ttft_slo_s": pool.ttft_slo_s, "tpot_slo_s": pool.tpot_slo_s,
-            "replicas": {"min": pool.min_replicas, "max": pool.max_replicas}, "created_at": 0,
-        }
+    """A pool's deployment version as the registry holds it once seeded."""
+    return DeploymentVersion(**seed(pool).model_dump(exclude={"name"}), created_at=0)
+
+
+def seed(pool: FleetPool) -> Deployment:
+    """A pool's deployment as `LLMQ_DEPLOYMENTS` seeds the registry with (version "1"): the
+    gateways, the batch service and the controller agree on it from their first start."""
+    return Deployment(
+        name=pool.deployment, version=pool.version, path=tokenizer_path(pool),
+        weights_uri=pool.weights_uri, tensor_parallel_size=pool.tensor_parallel,
+        max_model_len=pool.max_model_len, pool=pool.pool, ttft_slo_s=pool.ttft_slo_s,
+        tpot_slo_s=pool.tpot_slo_s,
+        replicas=ReplicaBounds(min=pool.min_replicas, max=pool.max_replicas),
     )  # fmt: skip
 
 
-def _workers(fleet: Fleet, pool: FleetPool, kafka: KafkaAccess) -> list[Manifest]:
-    settings = KubernetesSettings(
-        namespace=fleet.namespace, image=fleet.image, service_account="llmq-worker",
-        image_pull_policy="Always", weight_cache="hostPath", host_path=fleet.weight_cache_path,
-        drain_grace_s=fleet.drain_grace_s, cpu=str(8 * pool.tensor_parallel),
-        memory=f"{64 * pool.tensor_parallel}Gi",
+def tokenizer_path(pool: FleetPool) -> str:
+    """Where a gateway finds a pool's tokenizer (pulled from its weights by an init container;
+    workers load the weights themselves from `weights_uri`)."""
+    return f"{TOKENIZERS}/{pool.deployment}"
+
+
+def worker_settings(fleet: Fleet) -> KubernetesSettings:
+    """How the workers run, for the rendered Deployments and for the controller, which
+    creates the next versions' (its `LLMQ_K8S_*` environment): the same objects either way."""
+    return KubernetesSettings(
+        namespace=fleet.namespace, image=fleet.image, image_pull_policy="Always",
+        service_account="llmq-worker", weight_cache="hostPath",
+        host_path=fleet.weight_cache_path, drain_grace_s=fleet.drain_grace_s,
+        cpu_per_gpu=8, memory_gib_per_gpu=64, config_map=CONFIG_MAP, redis_secret=REDIS_SECRET,
+        autoscaler="keda", keda_kafka_bootstrap=fleet.kafka_bootstrap,
+        keda_aws_region=fleet.aws_region, prometheus_url=fleet.prometheus_url,
     )  # fmt: skip
+
+
+def _workers(fleet: Fleet, pool: FleetPool, settings: KubernetesSettings) -> list[Manifest]:
+    """A pool's first version: what the controller would create (it adopts these)."""
     version = pool_version(pool)
     deployment = worker_deployment(
-        pool.deployment, version, settings, {},
-        replicas=pool.min_replicas,
-    )  # fmt: skip
+        pool.deployment, version, settings, {}, replicas=pool.min_replicas
+    )
     deployment["metadata"]["annotations"].update(_skips())
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["envFrom"] = _env_from()
-    container["env"].append(_redis_env())
-    scaling = version_scaling(pool.deployment, version)
+    kafka = KafkaAccess(bootstrap_servers=fleet.kafka_bootstrap, aws_region=fleet.aws_region)
     name = worker_name(pool.deployment, pool.version)
+    scaling = version_scaling(pool.deployment, version)
     return [
         deployment,
         worker_pdb(pool.deployment, version, settings),
@@ -319,9 +397,54 @@ def _workers(fleet: Fleet, pool: FleetPool, kafka: KafkaAccess) -> list[Manifest
     ]
 
 
+def _controller(fleet: Fleet, settings: KubernetesSettings) -> list[Manifest]:
+    """The pool controller (one replica): rollouts, warm floors, drains, on the cluster."""
+    labels = _labels(CONTROLLER_APP)
+    k8s_env = [
+        {"name": f"LLMQ_K8S_{key.upper()}", "value": str(value)}
+        for key, value in settings.model_dump(exclude_none=True).items()
+    ]
+    container = {
+        "name": "controller",
+        "image": fleet.image,
+        "command": ["llmq", "controller"],
+        "envFrom": _env_from(),
+        "env": [
+            {"name": "LLMQ_REPLICA_RUNNER", "value": "kubernetes"},
+            {"name": "LLMQ_PROBE_PORT", "value": str(PROBE_PORT)},
+            {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
+            {"name": "LLMQ_JOB_TOPIC_PARTITIONS", "value": str(fleet.job_topic_partitions)},
+            *k8s_env,
+            _redis_env(),
+        ],
+        "ports": [{"name": "probes", "containerPort": PROBE_PORT, "protocol": "TCP"}],
+        "readinessProbe": _http_probe("/readyz", 10, 3, PROBE_PORT),
+        "livenessProbe": _http_probe("/healthz", 10, 3, PROBE_PORT),
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+    }
+    skips = {"CKV_K8S_38": "the controller calls the Kubernetes API (its Role: worker objects)"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(CONTROLLER_ACCOUNT, fleet, labels=labels, annotations=_skips(skips)),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # never two controllers at once
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": _pod_spec(CONTROLLER_ACCOUNT, container, role="system", api_token=True),
+            },
+        },
+    }
+    account, role, binding = controller_rbac(settings)
+    account["metadata"].setdefault("annotations", {})[ROLE_ANNOTATION] = fleet.controller_role_arn
+    return [account, role, binding, deployment]
+
+
 def render_fleet(fleet: Fleet) -> list[Manifest]:
     """Every object, in the order `kubectl apply` should create them."""
-    kafka = KafkaAccess(bootstrap_servers=fleet.kafka_bootstrap, aws_region=fleet.aws_region)
+    settings = worker_settings(fleet)
     objects: list[Manifest] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": fleet.namespace}},
         _service_account("llmq-gateway", fleet.gateway_role_arn, fleet),
@@ -332,7 +455,8 @@ def render_fleet(fleet: Fleet) -> list[Manifest]:
         msk_trigger_authentication(fleet.namespace, fleet.keda_role_arn),
         *_gateway(fleet),
         _batch_service(fleet),
+        *_controller(fleet, settings),
     ]
     for pool in fleet.pools:
-        objects += _workers(fleet, pool, kafka)
+        objects += _workers(fleet, pool, settings)
     return objects

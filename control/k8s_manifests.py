@@ -112,11 +112,16 @@ class KubernetesSettings(BaseSettings):
     kubelet restarts it."""
     in_cluster: bool = True
     """Reach the API with the pod's service account; False: with the local kubeconfig."""
-    cpu: str | None = None
-    """CPU a worker requests (e.g. `8`); None: none requested. No CPU limit is set: a
-    throttled worker stalls its engine's steps."""
-    memory: str | None = None
-    """Memory a worker requests and is limited to (e.g. `96Gi`); None: neither."""
+    cpu_per_gpu: int | None = Field(default=None, ge=1)
+    """CPUs a worker requests per GPU of its version; None: none requested. No CPU limit is
+    set: a throttled worker stalls its engine's steps."""
+    memory_gib_per_gpu: int | None = Field(default=None, ge=1)
+    """Memory (GiB) a worker requests and is limited to per GPU; None: neither."""
+    config_map: str | None = None
+    """A ConfigMap every worker takes its environment from (`envFrom`: the broker, the
+    connection, the buckets), before what its version sets."""
+    redis_secret: str | None = None
+    """A Secret whose `url` key is the workers' `LLMQ_REDIS_URL` (it holds the auth token)."""
     autoscaler: Literal["none", "keda"] = "none"
     """`keda`: each worker Deployment gets a KEDA `ScaledObject` (created with it, deleted
     when its version drains) that scales it between the version's `replicas.min` and
@@ -295,14 +300,20 @@ def _container(
         "volumeMounts": mounts,
         "securityContext": dict(CONTAINER_SECURITY),
     }
+    if settings.config_map is not None:
+        container["envFrom"] = [{"configMapRef": {"name": settings.config_map}}]
+    if settings.redis_secret is not None:
+        secret = {"secretKeyRef": {"name": settings.redis_secret, "key": "url"}}
+        container["env"].append({"name": "LLMQ_REDIS_URL", "valueFrom": secret})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if settings.gpu:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(version.tensor_parallel_size)
-    if settings.cpu is not None:
-        requests["cpu"] = settings.cpu
-    if settings.memory is not None:
-        requests["memory"] = limits["memory"] = settings.memory
+    gpus = version.tensor_parallel_size
+    if settings.cpu_per_gpu is not None:
+        requests["cpu"] = str(settings.cpu_per_gpu * gpus)
+    if settings.memory_gib_per_gpu is not None:
+        requests["memory"] = limits["memory"] = f"{settings.memory_gib_per_gpu * gpus}Gi"
     if requests:
         container["resources"] = {"requests": requests, "limits": limits}
     return container

@@ -25,6 +25,11 @@ class Rounds(ABC):
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=self._name)
 
+    @property
+    def running(self) -> bool:
+        """Whether its rounds go on (started, not stopped, not crashed)."""
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -22,6 +22,7 @@ from control.k8s_manifests import KubernetesSettings, version_env
 from control.pool_controller import WEIGHTS_FAILURE, PoolController, VersionKey, crash_loop
 from control.registry import DeploymentRegistry
 from control.rollout import RolloutController
+from llmq.probes import ProbeServer
 from schemas.deployment import Deployment
 from schemas.registry import DeploymentVersion
 from topics.kafka import KafkaProducer, ensure_topics
@@ -55,6 +56,10 @@ class ControllerSettings(BaseSettings):
     """The seed of an empty registry (the gateway's `LLMQ_DEPLOYMENTS`)."""
     registry_poll_ms: int = 250
     """How long one read of the registry log waits for new records."""
+    probe_port: int | None = None
+    """Port for plain-HTTP `/healthz` and `/readyz` (Kubernetes probes); None: not served."""
+    probe_host: str = "127.0.0.1"
+    """Address the probe port listens on (0.0.0.0 in a pod)."""
     managed_deployments: list[str] = []
     """The deployments whose replicas this controller runs (JSON list); empty: every one in
     the registry. Several controllers can split a registry this way (one per cluster)."""
@@ -255,6 +260,15 @@ async def serve(settings: ControllerSettings) -> None:
         autoscaled=runner.autoscaled,
     )
     rollouts = RolloutController(registry, RedisArmStats(redis), settings.rollout_interval_s)
+    probes = None
+    if settings.probe_port is not None:
+
+        async def rounds_go_on() -> bool:
+            return controller.running and rollouts.running
+
+        probes = ProbeServer(
+            settings.probe_host, settings.probe_port, healthy=rounds_go_on, ready=rounds_go_on
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -266,9 +280,13 @@ async def serve(settings: ControllerSettings) -> None:
         await registry.seed(settings.deployments)
         controller.start()
         rollouts.start()
+        if probes is not None:
+            await probes.start()
         log.info("controller_started", deployments=len(registry.records))
         await stop.wait()
     finally:
+        if probes is not None:
+            await probes.stop()
         await rollouts.stop()
         await controller.stop()
         await runner.stop_all()

@@ -13,6 +13,8 @@ from llmq.plan import PRESETS, Plan, plan
 
 k8s_app = typer.Typer(help="Kubernetes objects of an llmq fleet.")
 
+SERVICES = ("gateway", "worker", "batch", "keda", "controller")
+"""The services with an IRSA role (terraform's `service_role_arns`)."""
 TERRAFORM_OUTPUTS = ("kafka_bootstrap", "buckets", "service_role_arns", "region")
 """The outputs of infra/terraform/envs/prod a fleet is rendered from."""
 
@@ -27,8 +29,7 @@ def from_terraform(outputs: dict[str, Any]) -> dict[str, str]:
         "files_bucket": buckets["files"],
         "adapters_bucket": buckets["adapters"],
         "weights_bucket": buckets["weights"],
-        **{f"{service}_role_arn": roles[service] for service in ("gateway", "worker", "batch")},
-        "keda_role_arn": roles["keda"],
+        **{f"{service}_role_arn": roles[service] for service in SERVICES},
     }
 
 
@@ -42,6 +43,7 @@ EXAMPLE = {
     "worker_role_arn": "arn:aws:iam::123456789012:role/llmq-prod-worker",
     "batch_role_arn": "arn:aws:iam::123456789012:role/llmq-prod-batch",
     "keda_role_arn": "arn:aws:iam::123456789012:role/llmq-prod-keda",
+    "controller_role_arn": "arn:aws:iam::123456789012:role/llmq-prod-controller",
 }
 """Placeholders of the committed example (infra/k8s/seed-fleet.yaml): no real account."""
 

@@ -53,6 +53,14 @@ class Deployment(BaseModel):
     """A folder with the model's tokenizer and chat template (the weights may live elsewhere)."""
     pool: str
     """The worker pool whose job topics carry this model's requests."""
+    weights_uri: str | None = None
+    """Where workers fetch the weights (`s3://bucket/prefix`); None: `path` holds them."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """SHA-256 of the weights, checked by workers before they load them."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs per replica (seeding version "1")."""
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """The decode time per output token the workers keep under (None: no cap)."""
     max_model_len: int = 2048
     """Prompt plus output tokens the engine accepts for one request."""
     ttft_slo_s: float = 1.0

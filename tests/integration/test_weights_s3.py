@@ -131,3 +131,26 @@ def test_cli_digest_and_push(
     assert printed == {"weights_uri": uri, "sha256": folder_digest(model)}
     again = runner.invoke(weights_app, ["push", str(model), uri, "--endpoint-url", s3_endpoint])
     assert again.exit_code == 1 and "already holds objects" in again.output
+
+
+def test_cli_pull_of_the_tokenizer_only_leaves_the_weights(
+    bucket: str, model: Path, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("llmq.logging.configure_logging", lambda *a, **k: None)
+    runner = CliRunner()
+    uri = f"s3://{bucket}/cli/pull"
+    args = ["--endpoint-url", s3_endpoint]
+    assert runner.invoke(weights_app, ["push", str(model), uri, *args]).exit_code == 0
+    gateway = tmp_path / "gateway"
+    pulled = runner.invoke(weights_app, ["pull", uri, str(gateway), "--tokenizer-only", *args])
+    assert pulled.exit_code == 0, pulled.output
+    found = {str(p.relative_to(gateway)) for p in gateway.rglob("*") if p.is_file()}
+    assert found == {"config.json", "tokenizer/tokenizer.json"}
+    assert (gateway / "tokenizer/tokenizer.json").read_bytes() == FILES["tokenizer/tokenizer.json"]
+    whole = tmp_path / "whole"
+    assert runner.invoke(weights_app, ["pull", uri, str(whole), *args]).exit_code == 0
+    assert folder_digest(whole) == folder_digest(model)
+    empty = runner.invoke(weights_app, ["pull", f"s3://{bucket}/nothing", str(whole), *args])
+    assert empty.exit_code == 1 and "nothing under" in empty.output

@@ -45,6 +45,10 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] == kind]
 
 
+def is_worker(deployment: dict[str, Any]) -> bool:
+    return str(deployment["metadata"]["name"]).startswith("llmq-worker-")
+
+
 def test_every_object_validates_against_kubernetes_or_kedas_schema() -> None:
     objects = seed_objects()
     keda = {"ScaledObject", "TriggerAuthentication"}
@@ -90,7 +94,7 @@ def test_each_pool_scales_on_lag_kv_and_ttft_within_its_planned_bounds() -> None
 
 
 def test_workers_take_their_gpus_on_their_pools_nodes_and_drain_before_they_die() -> None:
-    workers = [d for d in by_kind(seed_objects(), "Deployment") if "llmq-worker" in str(d)]
+    workers = [d for d in by_kind(seed_objects(), "Deployment") if is_worker(d)]
     assert len(workers) == 2
     for deployment in workers:
         pod = deployment["spec"]["template"]["spec"]
@@ -128,7 +132,7 @@ def test_terraform_outputs_fill_the_fleet(tmp_path: Path) -> None:
     accounts = {a["metadata"]["name"]: a for a in by_kind(objects, "ServiceAccount")}
     role = accounts["llmq-worker"]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
     assert role == "arn:aws:iam::1:role/worker"
-    worker = next(d for d in by_kind(objects, "Deployment") if "llmq-worker" in str(d))
+    worker = next(d for d in by_kind(objects, "Deployment") if is_worker(d))
     env = {e["name"]: e.get("value") for e in worker["spec"]["template"]["spec"]["containers"][
         0]["env"]}  # fmt: skip
     assert env["LLMQ_WEIGHTS_URI"] == "s3://weights-bucket/llama-8b/"
@@ -147,3 +151,36 @@ def test_checkov_finds_nothing_in_the_rendered_fleet() -> None:
     assert failed == []
     for skipped in report["results"]["skipped_checks"]:
         assert skipped["check_result"]["suppress_comment"].strip(), skipped["check_id"]
+
+
+def test_the_controller_would_create_exactly_the_rendered_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller adopts the rendered worker Deployments: its LLMQ_K8S_* environment
+    and the registry seeds in the ConfigMap make the very same objects."""
+    from control.k8s_manifests import KubernetesSettings, worker_deployment
+    from schemas.deployment import Deployment
+    from schemas.registry import DeploymentVersion, spec_of
+
+    objects = seed_objects()
+    controller = next(d for d in by_kind(objects, "Deployment") if d["metadata"]["name"]
+                      == "llmq-controller")  # fmt: skip
+    for item in controller["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if item["name"].startswith("LLMQ_K8S_"):
+            monkeypatch.setenv(item["name"], item["value"])
+    settings = KubernetesSettings()
+    config = by_kind(objects, "ConfigMap")[0]["data"]
+    seeds = [Deployment.model_validate(d) for d in json.loads(config["LLMQ_DEPLOYMENTS"])]
+    rendered = {d["metadata"]["name"]: d for d in by_kind(objects, "Deployment") if is_worker(d)}
+    assert len(seeds) == len(rendered) == 2
+    for seed in seeds:
+        version = DeploymentVersion(**spec_of(seed).model_dump(), created_at=0)
+        made = worker_deployment(seed.name, version, settings, {}, replicas=version.replicas.min)
+        ours = rendered[made["metadata"]["name"]]
+        annotations = dict(ours["metadata"]["annotations"])
+        assert {k for k in annotations if not k.startswith("checkov.io/")} == set(
+            made["metadata"]["annotations"]
+        )
+        ours = {**ours, "metadata": {**ours["metadata"], "annotations": made["metadata"][
+            "annotations"]}}  # fmt: skip
+        assert ours == made
