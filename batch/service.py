@@ -120,7 +120,8 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     """Run until ``stop`` is set."""
     configure_kafka(settings.kafka_connection)
     client_id = settings.service_id
-    await ensure_topics(settings.kafka_bootstrap, sorted({d.pool for d in settings.deployments}))
+    pools = sorted({d.pool for d in settings.deployments})
+    await ensure_topics(settings.kafka_bootstrap, pools, settings.job_topic_partitions)
     redis = connect_redis(settings.redis_url)
     store = RedisBatchStore(redis)
     files = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)

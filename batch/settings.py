@@ -33,6 +33,9 @@ class BatchSettings(BaseSettings):
     """The served models (same setting as the gateway's), which seed an empty registry; the
     registry (`llmq.registry`) then says which models batch lines may name, and their lines
     are rendered with the stable version's tokenizer into its pool's batch topic."""
+    job_topic_partitions: int = Field(default=8, ge=1)
+    """Partitions of the job topics this service creates for its deployments' pools
+    (existing topics are left as they are)."""
     registry_poll_ms: int = 250
     """How long one read of the registry log waits for new records (see the gateway's)."""
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import BaseModel, Field, PositiveInt, model_validator
 
 from control.k8s_manifests import (
     CONTAINER_SECURITY,
@@ -91,6 +91,16 @@ class Fleet(BaseModel):
     """The node's NVMe RAID0 (nodeadm `localStorage`) where workers cache weights."""
     drain_grace_s: float = 120.0
     pools: list[FleetPool]
+
+    @model_validator(mode="after")
+    def _partitions_cover_the_pools(self) -> Fleet:
+        widest = max((p.max_replicas for p in self.pools), default=0)
+        if widest > self.job_topic_partitions:
+            raise ValueError(
+                f"job_topic_partitions {self.job_topic_partitions} is below a pool's "
+                f"max_replicas {widest}: KEDA never runs more consumers than partitions"
+            )
+        return self
 
 
 def _meta(name: str, fleet: Fleet, **extra: Any) -> Manifest:
@@ -169,6 +179,7 @@ def _config(fleet: Fleet) -> Manifest:
             "LLMQ_S3_BUCKET": fleet.files_bucket,
             "LLMQ_ADAPTER_URI_PREFIX": f"s3://{fleet.adapters_bucket}/{{team}}/",
             "LLMQ_LOG_JSON": "true",
+            "LLMQ_JOB_TOPIC_PARTITIONS": str(fleet.job_topic_partitions),
             "LLMQ_DEPLOYMENTS": json.dumps(
                 [seed(p).model_dump(mode="json", exclude_defaults=True) for p in fleet.pools]
             ),
@@ -413,7 +424,6 @@ def _controller(fleet: Fleet, settings: KubernetesSettings) -> list[Manifest]:
             {"name": "LLMQ_REPLICA_RUNNER", "value": "kubernetes"},
             {"name": "LLMQ_PROBE_PORT", "value": str(PROBE_PORT)},
             {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
-            {"name": "LLMQ_JOB_TOPIC_PARTITIONS", "value": str(fleet.job_topic_partitions)},
             *k8s_env,
             _redis_env(),
         ],

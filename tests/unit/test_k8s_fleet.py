@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from control.k8s_fleet import render_fleet
+from control.k8s_fleet import Fleet, render_fleet
 from control.k8s_manifests import worker_name
 from llmq.cli import app
 from llmq.k8s_cli import TERRAFORM_OUTPUTS, fleet_from, render_yaml
@@ -184,3 +184,9 @@ def test_the_controller_would_create_exactly_the_rendered_workers(
         ours = {**ours, "metadata": {**ours["metadata"], "annotations": made["metadata"][
             "annotations"]}}  # fmt: skip
         assert ours == made
+
+
+def test_a_fleet_whose_topics_cannot_reach_a_pools_maximum_is_refused() -> None:
+    fleet = fleet_from(["seed-70b"], None, None)
+    with pytest.raises(ValueError, match="partitions"):
+        Fleet.model_validate({**fleet.model_dump(), "job_topic_partitions": 64})  # max 65
