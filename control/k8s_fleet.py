@@ -63,6 +63,8 @@ class FleetPool(BaseModel):
     tpot_slo_s: float | None = None
     min_replicas: int = Field(ge=0)
     max_replicas: PositiveInt
+    target_sequences: float | None = Field(default=None, gt=0)
+    """Running sequences per replica KEDA aims at (the plan's `sequences_per_replica`)."""
 
 
 class Fleet(BaseModel):
@@ -368,7 +370,10 @@ def seed(pool: FleetPool) -> Deployment:
         weights_uri=pool.weights_uri, tensor_parallel_size=pool.tensor_parallel,
         max_model_len=pool.max_model_len, pool=pool.pool, ttft_slo_s=pool.ttft_slo_s,
         tpot_slo_s=pool.tpot_slo_s,
-        replicas=ReplicaBounds(min=pool.min_replicas, max=pool.max_replicas),
+        replicas=ReplicaBounds(
+            min=pool.min_replicas, max=pool.max_replicas,
+            target_sequences=pool.target_sequences,
+        ),
     )  # fmt: skip
 
 

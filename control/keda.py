@@ -39,6 +39,8 @@ class PoolScaling(BaseModel):
     """The warm floor."""
     max_replicas: PositiveInt
     ttft_slo_s: PositiveFloat
+    sequences_per_replica: PositiveFloat | None = None
+    """Running sequences per replica to aim at (None: no such trigger)."""
     interactive_lag_per_replica: PositiveInt = 4
     batch_lag_per_replica: PositiveInt = 256
     kv_cache_target: float = Field(default=0.8, gt=0, le=1)
@@ -70,6 +72,7 @@ def version_scaling(name: str, version: DeploymentVersion) -> PoolScaling:
     return PoolScaling(
         pool=version.pool, model=name, min_replicas=version.replicas.min,
         max_replicas=max(version.replicas.max, 1), ttft_slo_s=version.ttft_slo_s,
+        sequences_per_replica=version.replicas.target_sequences,
     )  # fmt: skip
 
 
@@ -103,6 +106,26 @@ def _prometheus_trigger(name: str, server: str, query: str, threshold: float) ->
         "metricType": "Value",
         "metadata": {"serverAddress": server, "query": query, "threshold": f"{threshold:g}"},
     }
+
+
+def _running_trigger(scaling: PoolScaling, prometheus: str) -> list[Manifest]:
+    """Sequences running in the pool over the per-replica target (Little's law: this tracks
+    the served rate, so replicas follow load before queues or TTFT move)."""
+    if scaling.sequences_per_replica is None:
+        return []
+    query = f'sum(llmq_pool_running_sequences{{pool="{scaling.pool}"}})'
+    return [
+        {
+            "type": "prometheus",
+            "name": "running-sequences",
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": prometheus,
+                "query": query,
+                "threshold": f"{scaling.sequences_per_replica:.0f}",
+            },
+        }
+    ]
 
 
 def scaled_object(
@@ -139,6 +162,7 @@ def scaled_object(
                 }
             },
             "triggers": [
+                *_running_trigger(scaling, prometheus),
                 _lag_trigger(scaling, kafka, "interactive", scaling.interactive_lag_per_replica, 1),
                 _lag_trigger(scaling, kafka, "batch", scaling.batch_lag_per_replica, 1),
                 _prometheus_trigger(

@@ -60,6 +60,7 @@ def pool_of(result: Plan, weights_bucket: str) -> FleetPool:
         tpot_slo_s=p.tpot_slo_s,
         min_replicas=int(result.value("min_replicas")),
         max_replicas=int(result.value("max_replicas")),
+        target_sequences=round(result.value("sequences_per_replica"), 1),
     )
 
 

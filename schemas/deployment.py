@@ -28,6 +28,9 @@ class ReplicaBounds(BaseModel):
 
     min: int = Field(default=1, ge=0)
     max: int = Field(default=1, ge=0)
+    target_sequences: float | None = Field(default=None, gt=0)
+    """Running sequences per replica an autoscaler aims at (KEDA's running-sequences trigger;
+    `llmq plan`'s `sequences_per_replica` at the planned busy share); None: no such trigger."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaBounds:

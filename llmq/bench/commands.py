@@ -322,3 +322,20 @@ def bench_lora(
         cold_runs=cold_runs,
     )
     typer.echo(format_report(settings, run_lora_bench(settings)))
+
+
+@bench_app.command("autoscale")
+def bench_autoscale(
+    settings_json: Annotated[
+        str, typer.Option("--settings", help="DaySettings fields as JSON.")
+    ] = "{}",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+) -> None:
+    """A SIMULATED day of seed 000's traffic: the KEDA policy against a fixed peak fleet
+    (goodput, GPU-hours, busy share at peak, cost per million output tokens)."""
+    from llmq.bench.autoscale import DaySettings, format_day, run_day
+
+    report = run_day(DaySettings.model_validate_json(settings_json))
+    typer.echo(format_day(report))
+    if json_path is not None:
+        json_path.write_text(report.model_dump_json(indent=2) + "\n")

@@ -86,6 +86,9 @@ def test_each_pool_scales_on_lag_kv_and_ttft_within_its_planned_bounds() -> None
     assert int(lag["interactive-lag"]["lagThreshold"]) < int(lag["batch-lag"]["lagThreshold"])
     assert lag["interactive-lag"]["saslTokenProvider"] == "aws_msk_iam"
     prometheus = {t["name"]: t for t in big["triggers"] if t["type"] == "prometheus"}
+    running = prometheus["running-sequences"]  # what `llmq bench autoscale` simulates
+    assert running["metricType"] == "AverageValue"
+    assert running["metadata"]["threshold"] == "56"  # the plan's 55.6 per replica
     assert 'llmq_pool_kv_cache_usage{pool="llama-70b"}' in prometheus["kv-cache-use"][
         "metadata"]["query"]  # fmt: skip
     assert prometheus["ttft-p95"]["metadata"]["threshold"] == "0.8"  # 80% of the 1 s SLO
