@@ -18,32 +18,32 @@ from typing import Any
 from pydantic import BaseModel, Field, PositiveInt, model_validator
 
 from control.k8s_manifests import (
-    CONTAINER_SECURITY,
-    POD_SECURITY,
     KubernetesSettings,
     Manifest,
     worker_deployment,
     worker_name,
     worker_pdb,
 )
-from control.k8s_rbac import CONTROLLER_ACCOUNT, CONTROLLER_APP, controller_rbac
+from control.k8s_pods import (
+    CONFIG_MAP,
+    REDIS_SECRET,
+    env_from,
+    labels,
+    pod_spec,
+    process,
+    skips,
+    workload,
+)
+from control.k8s_rbac import CONTROLLER_ACCOUNT, controller_rbac
 from control.keda import KafkaAccess, msk_trigger_authentication, scaled_object, version_scaling
 from schemas.deployment import Deployment, ReplicaBounds
 from schemas.registry import DeploymentVersion
 from topics.kafka_connection import KafkaConnection
 
-CONFIG_MAP = "llmq-config"
-REDIS_SECRET = "llmq-redis"
 GATEWAY_PORT = 8000
 ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 TOKENIZERS = "/models"
 """Where the gateway and batch pods keep each deployment's tokenizer (`<path>/<name>`)."""
-SKIPS = {
-    "CKV_K8S_43": "the image is a parameter (--image); pin it by digest in production",
-    "CKV_K8S_35": "llmq reads settings from LLMQ_* variables; the Redis URL is its one secret",
-    "CKV_K8S_11": "no CPU limit on purpose: a throttled process stalls every stream it serves",
-}
-"""checkov findings accepted for every llmq pod, with why (annotations on each workload)."""
 PROBE_PORT = 8081
 """The batch service's and the controller's `/healthz` and `/readyz`."""
 
@@ -109,52 +109,6 @@ def _meta(name: str, fleet: Fleet, **extra: Any) -> Manifest:
     return {"name": name, "namespace": fleet.namespace, **extra}
 
 
-def _skips(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """checkov's skip annotations (`checkov.io/skipN: ID=reason`)."""
-    reasons = {**SKIPS, **(extra or {})}
-    return {f"checkov.io/skip{i}": f"{k}={v}" for i, (k, v) in enumerate(reasons.items(), 1)}
-
-
-def _secure(container: Manifest, mounts: list[Manifest]) -> Manifest:
-    """A container of llmq's own: unprivileged, read-only root, writing only to volumes."""
-    return {
-        **container,
-        "imagePullPolicy": "Always",
-        "securityContext": dict(CONTAINER_SECURITY),
-        "env": [*container.get("env", []), {"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
-    }
-
-
-def _pod_spec(
-    account: str,
-    container: Manifest,
-    *,
-    role: str = "gateway",
-    api_token: bool = False,
-    init: list[Manifest] = [],  # noqa: B006 (never mutated)
-    volumes: dict[str, str] = {},  # noqa: B006 (never mutated)
-    **extra: Any,
-) -> Manifest:
-    """A pod of llmq's own on the `role` node group: `volumes` (name -> mount path) are
-    emptyDirs its containers share. Only the controller calls the Kubernetes API, so only
-    its pod mounts a token (IRSA mounts its own)."""
-    mounts = [{"name": name, "mountPath": path} for name, path in volumes.items()]
-    spec: Manifest = {
-        "serviceAccountName": account,
-        "automountServiceAccountToken": api_token,
-        "securityContext": dict(POD_SECURITY),
-        "nodeSelector": {"llmq.dev/role": role},
-        "containers": [_secure(container, mounts)],
-        "volumes": [{"name": "tmp", "emptyDir": {}}]
-        + [{"name": name, "emptyDir": {}} for name in volumes],
-        **extra,
-    }
-    if init:
-        spec["initContainers"] = [_secure(c, mounts) for c in init]
-    return spec
-
-
 def _service_account(name: str, role_arn: str, fleet: Fleet) -> Manifest:
     return {
         "apiVersion": "v1",
@@ -189,29 +143,6 @@ def _config(fleet: Fleet) -> Manifest:
     }
 
 
-def _env_from() -> list[Manifest]:
-    return [{"configMapRef": {"name": CONFIG_MAP}}]
-
-
-def _redis_env() -> Manifest:
-    return {
-        "name": "LLMQ_REDIS_URL",
-        "valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "url"}},
-    }
-
-
-def _labels(app: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "llmq"}
-
-
-def _http_probe(path: str, period_s: int, failures: int, port: int = GATEWAY_PORT) -> Manifest:
-    return {
-        "httpGet": {"path": path, "port": port},
-        "periodSeconds": period_s,
-        "failureThreshold": failures,
-    }
-
-
 def _tokenizer_pulls(fleet: Fleet) -> list[Manifest]:
     """Init containers that pull each deployment's tokenizer (not its weights) into the pod:
     the gateway and the batch service tokenize prompts themselves."""
@@ -221,7 +152,7 @@ def _tokenizer_pulls(fleet: Fleet) -> list[Manifest]:
             "image": fleet.image,
             "command": ["llmq", "weights", "pull", "--tokenizer-only", p.weights_uri,
                         tokenizer_path(p)],
-            "envFrom": _env_from(),
+            "envFrom": env_from(),
             "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
                           "limits": {"memory": "512Mi"}},
         }
@@ -230,62 +161,36 @@ def _tokenizer_pulls(fleet: Fleet) -> list[Manifest]:
 
 
 def _gateway(fleet: Fleet) -> list[Manifest]:
-    labels = _labels("llmq-gateway")
-    container = {
-        "name": "gateway",
-        "image": fleet.image,
-        "command": ["llmq", "gateway"],
-        "envFrom": _env_from(),
-        "env": [
-            {"name": "LLMQ_HOST", "value": "0.0.0.0"},
-            {"name": "LLMQ_PORT", "value": str(GATEWAY_PORT)},
-            {"name": "LLMQ_ROUTING", "value": "affinity"},
-            _redis_env(),
-        ],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
-        "readinessProbe": _http_probe("/readyz", 5, 2),
-        "livenessProbe": _http_probe("/healthz", 10, 3),
-        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta("llmq-gateway", fleet, labels=labels, annotations=_skips()),
-        "spec": {
-            "replicas": fleet.gateway_replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                # Streams in flight finish before the gateway exits.
-                "spec": _pod_spec(
-                    "llmq-gateway",
-                    container,
-                    init=_tokenizer_pulls(fleet),
-                    volumes={"models": TOKENIZERS},
-                    terminationGracePeriodSeconds=60,
-                ),
-            },
-        },
-    }
+    """The gateways: stateless, as many as connections need (a CPU autoscaler)."""
+    container = process(
+        "gateway", fleet.image, ["llmq", "gateway"],
+        {"LLMQ_HOST": "0.0.0.0", "LLMQ_PORT": str(GATEWAY_PORT), "LLMQ_ROUTING": "affinity"},
+        port=("http", GATEWAY_PORT), cpu="2", memory="4Gi",
+    )  # fmt: skip
+    pod = pod_spec(
+        "llmq-gateway", container, init=_tokenizer_pulls(fleet), volumes={"models": TOKENIZERS},
+        terminationGracePeriodSeconds=60,  # streams in flight finish before it exits
+    )  # fmt: skip
+    selected = labels("llmq-gateway")
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta("llmq-gateway", fleet, labels=labels),
+        "metadata": _meta("llmq-gateway", fleet, labels=selected),
         "spec": {
-            "selector": labels,
+            "selector": selected,
             "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
         },
     }
     pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta("llmq-gateway", fleet, labels=labels),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+        "metadata": _meta("llmq-gateway", fleet, labels=selected),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selected}},
     }
     hpa = {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": _meta("llmq-gateway", fleet, labels=labels),
+        "metadata": _meta("llmq-gateway", fleet, labels=selected),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
                                "name": "llmq-gateway"},
@@ -295,44 +200,20 @@ def _gateway(fleet: Fleet) -> list[Manifest]:
                 "type": "Utilization", "averageUtilization": 60}}}],
         },
     }  # fmt: skip
+    deployment = workload("llmq-gateway", fleet.namespace, pod, replicas=fleet.gateway_replicas)
     return [deployment, service, pdb, hpa]
 
 
 def _batch_service(fleet: Fleet) -> Manifest:
-    labels = _labels("llmq-batch")
-    container = {
-        "name": "batch",
-        "image": fleet.image,
-        "command": ["llmq", "batch", "serve"],
-        "envFrom": _env_from(),
-        "env": [
-            {"name": "LLMQ_PROBE_PORT", "value": str(PROBE_PORT)},
-            {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
-            _redis_env(),
-        ],
-        "ports": [{"name": "probes", "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "readinessProbe": _http_probe("/readyz", 10, 3, PROBE_PORT),
-        "livenessProbe": _http_probe("/healthz", 10, 3, PROBE_PORT),
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta("llmq-batch", fleet, labels=labels, annotations=_skips()),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": _pod_spec(
-                    "llmq-batch",
-                    container,
-                    init=_tokenizer_pulls(fleet),
-                    volumes={"models": TOKENIZERS},
-                ),
-            },
-        },
-    }
+    container = process(
+        "batch", fleet.image, ["llmq", "batch", "serve"],
+        {"LLMQ_PROBE_PORT": str(PROBE_PORT), "LLMQ_PROBE_HOST": "0.0.0.0"},
+        port=("probes", PROBE_PORT), cpu="1", memory="2Gi",
+    )  # fmt: skip
+    pod = pod_spec(
+        "llmq-batch", container, init=_tokenizer_pulls(fleet), volumes={"models": TOKENIZERS}
+    )
+    return workload("llmq-batch", fleet.namespace, pod)
 
 
 def _network_policies(fleet: Fleet) -> list[Manifest]:
@@ -349,7 +230,7 @@ def _network_policies(fleet: Fleet) -> list[Manifest]:
         "kind": "NetworkPolicy",
         "metadata": _meta("llmq-gateway-ingress", fleet),
         "spec": {
-            "podSelector": {"matchLabels": _labels("llmq-gateway")},
+            "podSelector": {"matchLabels": labels("llmq-gateway")},
             "policyTypes": ["Ingress"],
             "ingress": [{"ports": [{"port": GATEWAY_PORT, "protocol": "TCP"}]}],
         },
@@ -402,7 +283,7 @@ def _workers(fleet: Fleet, pool: FleetPool, settings: KubernetesSettings) -> lis
     deployment = worker_deployment(
         pool.deployment, version, settings, {}, replicas=pool.min_replicas
     )
-    deployment["metadata"]["annotations"].update(_skips())
+    deployment["metadata"]["annotations"].update(skips())
     kafka = KafkaAccess(bootstrap_servers=fleet.kafka_bootstrap, aws_region=fleet.aws_region)
     name = worker_name(pool.deployment, pool.version)
     scaling = version_scaling(pool.deployment, version)
@@ -415,43 +296,22 @@ def _workers(fleet: Fleet, pool: FleetPool, settings: KubernetesSettings) -> lis
 
 def _controller(fleet: Fleet, settings: KubernetesSettings) -> list[Manifest]:
     """The pool controller (one replica): rollouts, warm floors, drains, on the cluster."""
-    labels = _labels(CONTROLLER_APP)
-    k8s_env = [
-        {"name": f"LLMQ_K8S_{key.upper()}", "value": str(value)}
+    env = {"LLMQ_REPLICA_RUNNER": "kubernetes", "LLMQ_PROBE_PORT": str(PROBE_PORT),
+           "LLMQ_PROBE_HOST": "0.0.0.0"}  # fmt: skip
+    env.update(
+        (f"LLMQ_K8S_{key.upper()}", str(value))
         for key, value in settings.model_dump(exclude_none=True).items()
-    ]
-    container = {
-        "name": "controller",
-        "image": fleet.image,
-        "command": ["llmq", "controller"],
-        "envFrom": _env_from(),
-        "env": [
-            {"name": "LLMQ_REPLICA_RUNNER", "value": "kubernetes"},
-            {"name": "LLMQ_PROBE_PORT", "value": str(PROBE_PORT)},
-            {"name": "LLMQ_PROBE_HOST", "value": "0.0.0.0"},
-            *k8s_env,
-            _redis_env(),
-        ],
-        "ports": [{"name": "probes", "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "readinessProbe": _http_probe("/readyz", 10, 3, PROBE_PORT),
-        "livenessProbe": _http_probe("/healthz", 10, 3, PROBE_PORT),
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
-    }
-    skips = {"CKV_K8S_38": "the controller calls the Kubernetes API (its Role: worker objects)"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(CONTROLLER_ACCOUNT, fleet, labels=labels, annotations=_skips(skips)),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},  # never two controllers at once
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": _pod_spec(CONTROLLER_ACCOUNT, container, role="system", api_token=True),
-            },
-        },
-    }
+    )
+    container = process(
+        "controller", fleet.image, ["llmq", "controller"], env,
+        port=("probes", PROBE_PORT), cpu="500m", memory="1Gi",
+    )  # fmt: skip
+    pod = pod_spec(CONTROLLER_ACCOUNT, container, role="system", api_token=True)
+    deployment = workload(
+        CONTROLLER_ACCOUNT, fleet.namespace, pod,
+        accepted={"CKV_K8S_38": "the controller calls the Kubernetes API (its Role: workers)"},
+        strategy={"type": "Recreate"},  # never two controllers at once
+    )  # fmt: skip
     account, role, binding = controller_rbac(settings)
     account["metadata"].setdefault("annotations", {})[ROLE_ANNOTATION] = fleet.controller_role_arn
     return [account, role, binding, deployment]
