@@ -14,6 +14,12 @@ from workers.weights import WeightsError, folder_digest
 
 weights_app = typer.Typer(help="Model weights in object storage: digest a folder, push it.")
 
+EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint-url", envvar="LLMQ_S3_ENDPOINT_URL", help="S3 API endpoint (not AWS)."
+    ),
+]
 FolderArgument = Annotated[
     Path,
     typer.Argument(exists=True, file_okay=False, dir_okay=True, help="The model folder."),
@@ -40,12 +46,7 @@ async def push_folder(path: Path, uri: str, endpoint_url: str | None) -> str:
 def push(
     path: FolderArgument,
     uri: Annotated[str, typer.Argument(help="Where to put it: s3://bucket/prefix (new).")],
-    endpoint_url: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint-url", envvar="LLMQ_S3_ENDPOINT_URL", help="S3 API endpoint (not AWS)."
-        ),
-    ] = None,
+    endpoint_url: EndpointOption = None,
 ) -> None:
     """Upload the folder; print the deployment spec's `weights_uri` and `sha256` (JSON; or
     `llmq deployments put --weights-uri ... --sha256 ...`)."""
@@ -89,12 +90,7 @@ def pull(
         bool,
         typer.Option(help="Leave the weight files (what a gateway needs: tokenizer, config)."),
     ] = False,
-    endpoint_url: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint-url", envvar="LLMQ_S3_ENDPOINT_URL", help="S3 API endpoint (not AWS)."
-        ),
-    ] = None,
+    endpoint_url: EndpointOption = None,
 ) -> None:
     """Download a model folder from object storage (a gateway pod's init container pulls
     each deployment's tokenizer this way; workers fetch and verify weights themselves)."""

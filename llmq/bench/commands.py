@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.")
+JsonOption = Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")]
 DEFAULT_RATES = [0.25, 0.5, 1.0]
 """`llmq bench goodput`'s offered rates (requests/s) when none are given."""
 
@@ -25,7 +26,7 @@ def bench_overhead(
     concurrency: Annotated[list[int], typer.Option(help="Concurrency levels.")] = [1, 16],  # noqa: B006
     requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
     from llmq.bench.overhead import (
@@ -80,7 +81,7 @@ def bench_goodput(
         int, typer.Option(help="The direct target's slots (set it to the stack's).")
     ] = 16,
     plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path("goodput.png"),
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Goodput against offered rate (Poisson arrivals), llmq and vLLM's own server."""
     from llmq.bench.goodput import GoodputSettings, format_report, run_goodput, write_json
@@ -118,7 +119,7 @@ def bench_load(
     settings_json: Annotated[
         str, typer.Option("--settings", help="LoadSettings fields as JSON, e.g. rates, keys.")
     ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """A mixed workload (interactive, batch flood, teams) against a running stack."""
     from llmq.bench.load import SCENARIOS, format_comparison, run_load
@@ -149,7 +150,7 @@ def bench_batch(
             "--settings", help='BatchFileSettings as JSON: {"lines": 1000, "load": {...}}.'
         ),
     ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """A batch file through the Batch API beside an interactive stream, and without it."""
     from llmq.bench.batch_file import BatchFileSettings, format_batch_file, run_batch_file
@@ -214,7 +215,7 @@ def bench_placement(
     settings_json: Annotated[
         str, typer.Option("--settings", help="PlacementSettings fields as JSON.")
     ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """LoRA adapter placement on a SIMULATED pool: adapter loads and each traffic class's
     TTFT under four routing policies, the same arrivals for each."""
@@ -248,7 +249,7 @@ def bench_relay(
         int | None, typer.Option(help="Partitions per topic (default: LLMQ_DEV_PARTITIONS, 8).")
     ] = None,
     target: Annotated[list[str], typer.Option(help="Targets: llmq, direct.")] = ["llmq", "direct"],  # noqa: B006
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """The platform's own ceiling on SIMULATED workers: relayed tokens/s per gateway core,
     added inter-token delay, worker CPU outside its engine, jobs/s per partition."""
@@ -329,7 +330,7 @@ def bench_autoscale(
     settings_json: Annotated[
         str, typer.Option("--settings", help="DaySettings fields as JSON.")
     ] = "{}",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """A SIMULATED day of seed 000's traffic: the KEDA policy against a fixed peak fleet
     (goodput, GPU-hours, busy share at peak, cost per million output tokens)."""
