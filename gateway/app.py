@@ -121,6 +121,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await file_store.start()
         metrics = GatewayMetrics()
         metrics.watch_replicas(replicas.by_pool)
+        metrics.watch_models(lambda: registry.deployments)
         app.state.offload = offload
         intake = JobIntake(
             registry=registry,

@@ -9,11 +9,27 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
-from schemas.messages import InferenceJob
+from schemas.messages import InferenceJob, UsageCounts
 
 PoolReplicas = Callable[[], Mapping[str, Sequence[ReplicaHeartbeat]]]
 """Live replicas by pool (`ReplicaView.by_pool`)."""
+ServedModels = Callable[[], Sequence[Deployment]]
+"""The stable version of every served deployment (`ModelRegistry.deployments`)."""
+
+JOB_LABELS = ["model", "version", "team", "tier"]
+"""What a served request's metrics are broken down by: all bounded (registered deployments
+and versions, configured teams, two tiers); never a request id or a caller's free text."""
+UNROUTED = "-"
+"""The `model` label of a request refused before its model was found (a caller's unknown
+model name is free text: it never becomes a label)."""
+
+
+def job_labels(job: InferenceJob) -> tuple[str, str, str, str]:
+    """`JOB_LABELS` of a job."""
+    return (job.model, job.model_version or "", job.team, job.tier)
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -23,21 +39,35 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "llmq_requests",
-            "Chat completion requests by model and outcome.",
-            ["model", "status"],
+            "Generation requests by model, version, team, tier and outcome (refused ones with "
+            "their HTTP status and no version or tier).",
+            [*JOB_LABELS, "status"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "llmq_refusals",
+            "Requests refused before they were queued, by error code (429s: "
+            "rate_limit_exceeded, the SLO admission's codes; 503s: queue or relay away).",
+            ["model", "team", "status", "code"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "llmq_prompt_tokens",
+            "Prompt tokens of finished requests, served from the prefix cache (hit) or not.",
+            ["model", "version", "team", "cache"],
             registry=self.registry,
         )
         self.ttft = Histogram(
             "llmq_time_to_first_token_seconds",
             "Arrival to first token.",
-            ["model"],
+            JOB_LABELS,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.tpot = Histogram(
             "llmq_time_per_output_token_seconds",
             "Mean gap between tokens after the first, per request.",
-            ["model"],
+            JOB_LABELS,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
             registry=self.registry,
         )
@@ -78,7 +108,7 @@ class GatewayMetrics:
         self.e2e = Histogram(
             "llmq_e2e_request_latency_seconds",
             "Arrival to last token.",
-            ["model"],
+            JOB_LABELS,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -86,6 +116,23 @@ class GatewayMetrics:
     def watch_replicas(self, replicas: PoolReplicas) -> None:
         """Export each pool's replicas (read at every scrape, never stale beyond a refresh)."""
         self.registry.register(PoolReplicaCollector(replicas))
+
+    def watch_models(self, models: ServedModels) -> None:
+        """Export each served model's SLOs (what dashboards draw the latencies against)."""
+        self.registry.register(ModelSloCollector(models))
+
+    def observe_prompt(self, labels: tuple[str, str, str, str], usage: UsageCounts) -> None:
+        """Count a finished request's prompt tokens, cached (hit) and computed (miss)."""
+        model, version, team, _ = labels
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        self.prompt_tokens.labels(model, version, team, "hit").inc(cached)
+        self.prompt_tokens.labels(model, version, team, "miss").inc(usage.prompt_tokens - cached)
+
+    def refused(self, model: str, team: str, status: int, code: str | None) -> None:
+        """Count a request refused before it was queued (`model`: a served name or
+        `UNROUTED`)."""
+        self.requests.labels(model, "", team, "", str(status)).inc()
+        self.refusals.labels(model, team, str(status), code or "").inc()
 
     def observe_adapter(self, job: InferenceJob, outcome: str, completion_tokens: int) -> None:
         """Count a finished request of a team's LoRA adapter: its outcome and its tokens.
@@ -140,3 +187,26 @@ class PoolReplicaCollector(Collector):
             running.add_metric([pool], sum(r.running for r in ready))
             waiting.add_metric([pool], sum(r.waiting for r in ready))
         yield from (count, kv, running, waiting)
+
+
+class ModelSloCollector(Collector):
+    """Per served model (its stable version): the TTFT SLO admission holds it to and the
+    TPOT its workers keep under (when set)."""
+
+    def __init__(self, models: ServedModels) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ttft = GaugeMetricFamily(
+            "llmq_model_ttft_slo_seconds", "A model's TTFT SLO.", labels=["model", "pool"]
+        )
+        tpot = GaugeMetricFamily(
+            "llmq_model_tpot_slo_seconds", "A model's TPOT SLO (when it has one).",
+            labels=["model", "pool"],
+        )  # fmt: skip
+        for deployment in self._models():
+            labels = [deployment.name, deployment.pool]
+            ttft.add_metric(labels, deployment.ttft_slo_s)
+            if deployment.tpot_slo_s is not None:
+                tpot.add_metric(labels, deployment.tpot_slo_s)
+        yield from (ttft, tpot)

@@ -50,11 +50,11 @@ class ChatService(JobRelay):
 
     async def start(self, request: ChatCompletionRequest, team: Team) -> ActiveRequest:
         """Admit the request, listen for its events, then produce its job."""
-        self.require_relay(request.model)
+        self.require_relay(team.name)
         try:
             admitted = await self._intake.admit(request, team, self._relay.channel)
         except ApiError as exc:
-            self._metrics.requests.labels(request.model, str(exc.status)).inc()
+            self.refused(request.model, team.name, exc)
             raise
         return await self.launch(admitted)
 

@@ -75,11 +75,11 @@ class CompletionService(JobRelay):
 
     async def start(self, request: CompletionRequest, team: Team) -> ActiveCompletion:
         """Admit every prompt (all or none), listen for their events, then produce them."""
-        self.require_relay(request.model)
+        self.require_relay(team.name)
         try:
             admitted = await self._intake.admit_completion(request, team, self._relay.channel)
         except ApiError as exc:
-            self._metrics.requests.labels(request.model, str(exc.status)).inc()
+            self.refused(request.model, team.name, exc)
             raise
         launched: list[ActiveRequest] = []
         try:

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from gateway.errors import ApiError
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import UNROUTED, GatewayMetrics, job_labels
 from gateway.services.admission import TtftPrediction
 from gateway.services.arms import ArmRecorder
 from gateway.services.intake import AdmittedJob, JobIntake
@@ -106,17 +106,23 @@ class JobRelay:
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
-    def require_relay(self, model: str) -> None:
+    def require_relay(self, team: str) -> None:
         """Refuse quickly (503) while the token relay reconnects: events would be lost."""
         if not self._relay.connected:
-            self._metrics.requests.labels(model, "503").inc()
-            raise ApiError(
+            refusal = ApiError(
                 503,
                 "The token relay is reconnecting; retry shortly.",
                 type_="server_error",
                 code="relay_unavailable",
                 headers={"Retry-After": "1"},
             )
+            self._metrics.refused(UNROUTED, team, refusal.status, refusal.code)
+            raise refusal
+
+    def refused(self, model: str, team: str, refusal: ApiError) -> None:
+        """Count a request admission refused; a model name nobody serves is not a label."""
+        served = refusal.code != "model_not_found"
+        self._metrics.refused(model if served else UNROUTED, team, refusal.status, refusal.code)
 
     async def launch(self, admitted: AdmittedJob) -> ActiveRequest:
         """Listen for an admitted job's events, then produce it."""
@@ -126,7 +132,7 @@ class JobRelay:
             receipt = await self._intake.produce(admitted)
         except ApiError:
             self._relay.close(job.request_id)
-            self._metrics.requests.labels(job.model, "503").inc()
+            self._metrics.requests.labels(*job_labels(job), "503").inc()
             # A send that timed out may still reach the broker: a worker then drops the job
             # (its cancel key is checked before it starts), so it is neither run nor billed.
             with contextlib.suppress(Exception):
@@ -200,7 +206,7 @@ class JobRelay:
             if active.first_token_at is None:
                 active.first_token_at = now
                 actual = now - active.arrived
-                self._metrics.ttft.labels(active.job.model).observe(actual)
+                self._metrics.ttft.labels(*job_labels(active.job)).observe(actual)
                 if active.prediction is not None:
                     job = active.job
                     self._metrics.observe_prediction(job.model, active.prediction.ttft_s, actual)
@@ -210,6 +216,7 @@ class JobRelay:
             active.tokens += event.num_tokens
         elif isinstance(event, FinishEvent):
             active.outcome = "ok"
+            self._metrics.observe_prompt(job_labels(active.job), event.usage)
         elif isinstance(event, ErrorEvent):
             active.outcome = event.code
             adapter = active.job.adapter
@@ -240,16 +247,17 @@ class JobRelay:
             self._spawn(self._cancels.cancel(CancelEvent(request_id=job.request_id)))
         if job.adapter is not None:
             self._spawn(self._intake.ended(job))
-        self._metrics.requests.labels(model, active.outcome).inc()
+        labels = job_labels(job)
+        self._metrics.requests.labels(*labels, active.outcome).inc()
         if job.adapter is not None:
             self._metrics.observe_adapter(job, active.outcome, active.tokens)
         now = time.time()
-        self._metrics.e2e.labels(model).observe(now - active.arrived)
+        self._metrics.e2e.labels(*labels).observe(now - active.arrived)
         ttft = active.first_token_at - active.arrived if active.first_token_at else None
         tpot = None
         if active.first_token_at and active.last_token_at and active.tokens > 1:
             tpot = (active.last_token_at - active.first_token_at) / (active.tokens - 1)
-            self._metrics.tpot.labels(model).observe(tpot)
+            self._metrics.tpot.labels(*labels).observe(tpot)
         if self._arms is not None:
             self._arms.finished(job, active.outcome, ttft, tpot)
         log.info(

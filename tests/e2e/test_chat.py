@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,7 @@ from schemas.messages import InferenceJob, UsageRecord
 from tests.e2e.conftest import IDLE_MODEL, SIM_MODEL, STRICT_MODEL, Stack
 from tests.polling import eventually
 from tests.topic_reading import read_until
+from tests.unit.test_dashboard import exported_families, missing, queried_metrics
 from topics import catalog
 
 pytestmark = pytest.mark.e2e
@@ -250,11 +252,17 @@ async def test_each_request_is_a_readable_message_on_its_job_topic(
 
 def test_metrics_count_requests(stack: Stack) -> None:
     text = httpx.get(f"{stack.base_url}/metrics").text
-    assert 'llmq_requests_total{model="tiny-llama",status="ok"}' in text
+    served = (
+        r'llmq_requests_total\{model="tiny-llama",version="\w+",team="e2e",tier="\w+",status="ok"\}'
+    )
+    assert re.search(served, text), "no ok requests by model, version, team and tier"
+    assert re.search(r'llmq_prompt_tokens_total\{model="tiny-llama",.*cache="miss"\}', text)
     assert "llmq_time_to_first_token_seconds_bucket" in text
     # The pool's replicas, from their heartbeats (what KEDA's Prometheus trigger reads).
     assert f'llmq_pool_replicas{{pool="{stack.pool}",state="ready"}}' in text
     assert f'llmq_pool_kv_cache_usage{{pool="{stack.pool}"}}' in text
+    # Every query of the Grafana dashboard names a metric this running gateway exports.
+    assert missing(queried_metrics(), exported_families(text)) == set()
 
 
 async def test_abandoned_non_streaming_request_frees_the_engine(

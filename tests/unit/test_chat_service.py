@@ -362,3 +362,40 @@ async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
     assert error == pytest.approx(abs(active.prediction.ttft_s - actual) / actual)
     signed = registry.get_sample_value("llmq_ttft_prediction_error_ratio_count", {"model": "m"})
     assert signed == 1
+
+
+def _samples(service: ChatService, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one metric family: sorted labels -> value."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(service._metrics.registry).decode()
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+async def test_metrics_break_requests_down_by_team_version_and_tier_never_by_free_text() -> None:
+    service, _, _ = await _service()
+    active = await service.start(_req(), Team("search"))
+    _ = [c async for c in service.stream_chunks(active, include_usage=True)]
+    for model in ("no-such-model", "another-invention"):
+        with pytest.raises(ApiError):
+            await service.start(_req(model=model), Team("search"))
+    served = {"model": "m", "version": "1", "team": "search", "tier": "interactive"}
+    requests = _samples(service, "llmq_requests_total")
+    assert requests[tuple(sorted({**served, "status": "ok"}.items()))] == 1
+    unrouted = {"model": "-", "version": "", "team": "search", "tier": "", "status": "404"}
+    assert requests[tuple(sorted(unrouted.items()))] == 2  # unknown names are not labels
+    assert not any("no-such-model" in str(key) for key in requests)
+    refusals = _samples(service, "llmq_refusals_total")
+    assert list(refusals.values()) == [2.0]
+    assert dict(next(iter(refusals)))["code"] == "model_not_found"
+    ttft = _samples(service, "llmq_time_to_first_token_seconds_count")
+    assert ttft == {tuple(sorted(served.items())): 1.0}
+    prompt = _samples(service, "llmq_prompt_tokens_total")
+    hits = {dict(k)["cache"]: v for k, v in prompt.items()}
+    assert hits["hit"] + hits["miss"] == 2  # "hi": two prompt tokens, none cached here

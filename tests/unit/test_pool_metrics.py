@@ -38,3 +38,19 @@ def test_pool_gauges_follow_the_replica_view_at_each_scrape() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'llmq_pool_kv_cache_usage{pool="small"} 0.1' in text
     assert 'pool="big",state' not in text
+
+
+def test_each_served_models_slos_are_exported() -> None:
+    from schemas.deployment import Deployment
+
+    models = [
+        Deployment(name="big", path="/m", pool="h100", ttft_slo_s=1.0, tpot_slo_s=0.05),
+        Deployment(name="small", path="/m", pool="l4", ttft_slo_s=0.3),
+    ]
+    metrics = GatewayMetrics()
+    metrics.watch_models(lambda: models)
+    text = generate_latest(metrics.registry).decode()
+    assert 'llmq_model_ttft_slo_seconds{model="big",pool="h100"} 1.0' in text
+    assert 'llmq_model_ttft_slo_seconds{model="small",pool="l4"} 0.3' in text
+    assert 'llmq_model_tpot_slo_seconds{model="big",pool="h100"} 0.05' in text
+    assert 'llmq_model_tpot_slo_seconds{model="small"' not in text
