@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 	test -x $(CHECKOV_VENV)/bin/checkov || ($(PYTHON) -m venv $(CHECKOV_VENV) && \
 		$(CHECKOV_VENV)/bin/python -m pip install -q checkov==3.3.30)
+	@# The operator page's browser test drives Debian's chromium (Playwright never downloads one).
+	test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "warning: no /usr/bin/chromium (apt-get install chromium as root): the browser test will fail"
 	touch $(STAMP)
 
 run: install

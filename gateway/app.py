@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openapi import install_openapi
 from gateway.routers import (
     adapters,
+    admin,
     batches,
     chat,
     completions,
@@ -30,6 +31,7 @@ from gateway.routers import (
 )
 from gateway.s3_adapter_files import S3AdapterFiles
 from gateway.services.adapters import AdaptersService
+from gateway.services.admin import AdminService
 from gateway.services.admission import AdmissionController, TtftPredictor
 from gateway.services.arms import ArmRecorder
 from gateway.services.batches import BatchesService
@@ -173,6 +175,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             intake, relay, cancels, metrics, arms, failed
         )
         app.state.deployments_service = DeploymentsService(deployment_registry, registry, validate)
+        app.state.admin_service = AdminService(
+            lambda: deployment_registry.records,
+            replicas.by_pool,
+            RedisBacklog(redis),
+            metrics.recent,
+            settings.gateway_id,
+        )
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
             RedisBatchStore(redis),
@@ -220,6 +229,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(batches.router)
     app.include_router(deployments.router)
     app.include_router(adapters.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     install_openapi(app, [ChatCompletionRequest, ChatCompletion, CompletionRequest, Completion])
     return app

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.recent import RecentRequests
 from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import InferenceJob, UsageCounts
@@ -37,6 +38,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.recent = RecentRequests()
+        """The last minutes per model, for the operator page (`/admin`)."""
         self.requests = Counter(
             "llmq_requests",
             "Generation requests by model, version, team, tier and outcome (refused ones with "

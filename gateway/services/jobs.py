@@ -207,6 +207,7 @@ class JobRelay:
                 active.first_token_at = now
                 actual = now - active.arrived
                 self._metrics.ttft.labels(*job_labels(active.job)).observe(actual)
+                self._metrics.recent.ttft(active.job.model, actual)
                 if active.prediction is not None:
                     job = active.job
                     self._metrics.observe_prediction(job.model, active.prediction.ttft_s, actual)
@@ -249,6 +250,7 @@ class JobRelay:
             self._spawn(self._intake.ended(job))
         labels = job_labels(job)
         self._metrics.requests.labels(*labels, active.outcome).inc()
+        self._metrics.recent.finished(model, active.outcome)
         if job.adapter is not None:
             self._metrics.observe_adapter(job, active.outcome, active.tokens)
         now = time.time()
@@ -258,6 +260,7 @@ class JobRelay:
         if active.first_token_at and active.last_token_at and active.tokens > 1:
             tpot = (active.last_token_at - active.first_token_at) / (active.tokens - 1)
             self._metrics.tpot.labels(*labels).observe(tpot)
+            self._metrics.recent.tpot(model, tpot)
         if self._arms is not None:
             self._arms.finished(job, active.outcome, ttft, tpot)
         log.info(
