@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
+from pydantic import BaseModel
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.")
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+ReportT = TypeVar("ReportT", bound=BaseModel)
 JsonOption = Annotated[Path | None, typer.Option("--json", help="Write raw numbers.")]
 DEFAULT_RATES = [0.25, 0.5, 1.0]
 """`llmq bench goodput`'s offered rates (requests/s) when none are given."""
@@ -221,10 +225,7 @@ def bench_placement(
     TTFT under four routing policies, the same arrivals for each."""
     from llmq.bench.lora_placement import PlacementSettings, format_placement, run_placement
 
-    report = run_placement(PlacementSettings.model_validate_json(settings_json))
-    typer.echo(format_placement(report))
-    if json_path is not None:
-        json_path.write_text(report.model_dump_json(indent=2) + "\n")
+    _simulation(PlacementSettings, run_placement, format_placement, settings_json, json_path)
 
 
 @bench_app.command("relay")
@@ -336,7 +337,18 @@ def bench_autoscale(
     (goodput, GPU-hours, busy share at peak, cost per million output tokens)."""
     from llmq.bench.autoscale import DaySettings, format_day, run_day
 
-    report = run_day(DaySettings.model_validate_json(settings_json))
-    typer.echo(format_day(report))
+    _simulation(DaySettings, run_day, format_day, settings_json, json_path)
+
+
+def _simulation(
+    settings: type[SettingsT],
+    run: Callable[[SettingsT], ReportT],
+    show: Callable[[ReportT], str],
+    settings_json: str,
+    json_path: Path | None,
+) -> None:
+    """Run a simulation benchmark from its settings' JSON; print it, and write its report."""
+    report = run(settings.model_validate_json(settings_json))
+    typer.echo(show(report))
     if json_path is not None:
         json_path.write_text(report.model_dump_json(indent=2) + "\n")
