@@ -66,6 +66,8 @@ class BatchFanout:
         self._max_requests = max_requests
         self._chunk = chunk
         self._quota = quota
+        self.queued = 0
+        """Lines this process produced to the job topics as jobs."""
 
     async def handle(self, batch_id: str) -> None:
         """Validate the batch if it still needs it, then produce the lines not yet produced."""
@@ -221,6 +223,7 @@ class BatchFanout:
     async def _submit(self, job: InferenceJob) -> None:
         await self._backlog.add(job.pool, "batch", len(job.prompt_token_ids), job.team)
         await self._queue.submit(job)
+        self.queued += 1
 
     async def _job(
         self, current: StoredBatch, deployment: Deployment, line: BatchLine

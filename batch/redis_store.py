@@ -71,6 +71,8 @@ class RedisBatchStore:
         self._redis = redis
         self._transition = redis.register_script(_TRANSITION)
         self._record = redis.register_script(_RECORD_LINE)
+        self.lines_recorded = {"completed": 0, "failed": 0}
+        """Line results this process recorded first (duplicates and late ones not counted)."""
 
     async def create(self, batch: Batch, team: str) -> None:
         fields: dict[_Value, _Value] = {
@@ -162,6 +164,8 @@ class RedisBatchStore:
             args=[line, "completed" if ok else "failed", payload],
         )
         new, completed, failed, total, status = cast(list[Any], result)
+        if int(new):
+            self.lines_recorded["completed" if ok else "failed"] += 1
         return LineRecorded(
             new=bool(int(new)),
             completed=int(completed),

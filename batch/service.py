@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 
 import aioboto3
 import structlog
@@ -22,6 +23,7 @@ from redis.asyncio import Redis
 from batch.collector import ResultCollector
 from batch.fanout import BatchFanout
 from batch.finalize import BatchFinalizer
+from batch.metrics import ActiveBatches, BatchServiceCollector, batch_exposition
 from batch.quota import LineQuota
 from batch.redis_store import RedisBatchStore
 from batch.s3_files import S3FileStore
@@ -57,19 +59,24 @@ class BatchSweeper:
         self._store = store
         self._finalizer = finalizer
         self._settings = settings
+        self.active = ActiveBatches()
+        """What the last sweep saw (the batch service's `/metrics` gauges)."""
 
     async def sweep(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        seen = ActiveBatches()
         for batch_id in await self._store.active():
             try:
-                await self._sweep_one(batch_id, now)
+                await self._sweep_one(batch_id, now, seen)
             except Exception as exc:  # one broken batch must not stop the others
                 log.warning("batch_sweep_failed", batch_id=batch_id, error=type(exc).__name__)
+        self.active = seen
 
-    async def _sweep_one(self, batch_id: str, now: float) -> None:
+    async def _sweep_one(self, batch_id: str, now: float, seen: ActiveBatches) -> None:
         current = await self._store.get(batch_id)
         if current is None:
             return
+        seen.add(current.batch)
         batch = current.batch
         counts = batch.request_counts
         done = counts.total > 0 and counts.completed + counts.failed >= counts.total
@@ -169,7 +176,10 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         asyncio.create_task(collector.run(), name="batch-collector"),
         asyncio.create_task(sweeper.run(), name="batch-sweeper"),
     ]
-    probes = _probe_server(settings, tasks, redis)
+    metrics = batch_exposition(
+        BatchServiceCollector(store, fanout, collector, lambda: sweeper.active)
+    )
+    probes = _probe_server(settings, tasks, redis, metrics)
     if probes is not None:
         await probes.start()
     freeze_startup_heap()
@@ -202,9 +212,13 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
 
 
 def _probe_server(
-    settings: BatchSettings, tasks: list[asyncio.Task[None]], redis: Redis
+    settings: BatchSettings,
+    tasks: list[asyncio.Task[None]],
+    redis: Redis,
+    metrics: Callable[[], bytes],
 ) -> ProbeServer | None:
-    """/healthz: its loops are running; /readyz: and Redis (the batch state) answers."""
+    """/healthz: its loops are running; /readyz: and Redis (the batch state) answers;
+    /metrics: `BatchServiceCollector`."""
     if settings.probe_port is None:
         return None
 
@@ -215,7 +229,9 @@ def _probe_server(
         async with asyncio.timeout(2):
             return await healthy() and bool(await redis.ping())
 
-    return ProbeServer(settings.probe_host, settings.probe_port, healthy=healthy, ready=ready)
+    return ProbeServer(
+        settings.probe_host, settings.probe_port, healthy=healthy, ready=ready, metrics=metrics
+    )
 
 
 def run_batch_service(settings: BatchSettings) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,6 +47,7 @@ from gateway.services.quota import QuotaService
 from gateway.services.reconcile import UsageReconciler
 from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.routing import PartitionRouter
+from gateway.services.topic_watch import TopicMonitor
 from gateway.settings import GatewaySettings
 from llmq.heap import freeze_startup_heap
 from schemas.chat import ChatCompletion, ChatCompletionRequest
@@ -62,6 +65,7 @@ from topics.kafka import (
 )
 from topics.kafka_connection import configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.kafka_watch import KafkaTopicWatch
 from topics.redis_adapter_demand import RedisAdapterDemand
 from topics.redis_arm_stats import RedisArmStats
 from topics.redis_backlog import RedisBacklog
@@ -124,6 +128,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         metrics = GatewayMetrics()
         metrics.watch_replicas(replicas.by_pool)
         metrics.watch_models(lambda: registry.deployments)
+        metrics.watch_relay(relay)
+        topic_monitor = TopicMonitor(
+            KafkaTopicWatch(settings.kafka_bootstrap, f"{client_id}-watch"),
+            lambda: (d.pool for d in registry.deployments),
+            interval_s=settings.topic_watch_interval_s,
+        )
+        metrics.watch_topics(lambda: topic_monitor.snapshot)
+        watching = (
+            asyncio.create_task(topic_monitor.run(), name="topic-watch")
+            if settings.topic_watch_interval_s > 0
+            else None
+        )
         app.state.offload = offload
         intake = JobIntake(
             registry=registry,
@@ -181,6 +197,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             RedisBacklog(redis),
             metrics.recent,
             settings.gateway_id,
+            batches=RedisBatchStore(redis),
+            topics=lambda: topic_monitor.snapshot,
         )
         app.state.files_service = FilesService(file_store, settings.files_max_bytes)
         app.state.batches_service = BatchesService(
@@ -194,6 +212,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             yield
         finally:
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
             offload.close()
             await file_store.stop()
             await reconciler.stop()

@@ -4,17 +4,21 @@ and each pool's replicas as their heartbeats report them (what autoscalers read)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.recent import RecentRequests
+from gateway.services.topic_watch import TopicsSnapshot
 from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import InferenceJob, UsageCounts
 
 PoolReplicas = Callable[[], Mapping[str, Sequence[ReplicaHeartbeat]]]
+Topics = Callable[[], TopicsSnapshot | None]
+"""The topic watcher's last snapshot (`TopicMonitor.snapshot`)."""
 """Live replicas by pool (`ReplicaView.by_pool`)."""
 ServedModels = Callable[[], Sequence[Deployment]]
 """The stable version of every served deployment (`ModelRegistry.deployments`)."""
@@ -124,6 +128,14 @@ class GatewayMetrics:
         """Export each served model's SLOs (what dashboards draw the latencies against)."""
         self.registry.register(ModelSloCollector(models))
 
+    def watch_topics(self, topics: Topics) -> None:
+        """Export the job topics' lag and the dead letters held (the watcher's snapshot)."""
+        self.registry.register(TopicCollector(topics))
+
+    def watch_relay(self, relay: RelayState) -> None:
+        """Export the token relay's subscription state and how often it was lost."""
+        self.registry.register(RelayCollector(relay))
+
     def observe_prompt(self, labels: tuple[str, str, str, str], usage: UsageCounts) -> None:
         """Count a finished request's prompt tokens, cached (hit) and computed (miss)."""
         model, version, team, _ = labels
@@ -213,3 +225,49 @@ class ModelSloCollector(Collector):
             if deployment.tpot_slo_s is not None:
                 tpot.add_metric(labels, deployment.tpot_slo_s)
         yield from (ttft, tpot)
+
+
+class RelayState(Protocol):
+    """What the token relay says of its subscription (`RedisReplyRelay`)."""
+
+    connected: bool
+    disconnects: int
+
+
+class RelayCollector(Collector):
+    def __init__(self, relay: RelayState) -> None:
+        self._relay = relay
+
+    def collect(self) -> Iterator[Metric]:
+        connected = GaugeMetricFamily(
+            "llmq_relay_connected", "1 while the token relay's subscription is live."
+        )
+        connected.add_metric([], 1.0 if self._relay.connected else 0.0)
+        lost = CounterMetricFamily(
+            "llmq_relay_disconnects",
+            "Times the token relay lost its subscription (Redis away) and resubscribed.",
+        )
+        lost.add_metric([], self._relay.disconnects)
+        yield from (connected, lost)
+
+
+class TopicCollector(Collector):
+    """The job topics' lag by pool and class and the dead letters held, as the topic watcher
+    last saw them (every gateway reports the same: take the max over gateways)."""
+
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    def collect(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "llmq_job_topic_lag",
+            "Job records the pool's workers have not committed (waiting or running).",
+            labels=["pool", "tier"],
+        )
+        dead = GaugeMetricFamily("llmq_dead_letters", "Records on the dead-letter topic.")
+        snapshot = self._topics()
+        if snapshot is not None:
+            for (pool, tier), records in sorted(snapshot.lag.items()):
+                lag.add_metric([pool, tier], records)
+            dead.add_metric([], snapshot.dead_letters)
+        yield from (lag, dead)

@@ -96,6 +96,9 @@ class GatewaySettings(BaseSettings):
     """Deadline of an interactive request, from arrival to its last token."""
     replica_refresh_s: float = 0.5
     """How often the gateway re-reads replica heartbeats."""
+    topic_watch_interval_s: float = Field(default=5.0, ge=0)
+    """How often the gateway reads the job topics' lag and the dead-letter topic (for
+    `/metrics` and `/admin`); 0: never."""
     max_request_bytes: int | None = None
     """Largest request body the API accepts outside file uploads (413 beyond, refused before
     it is parsed, with or without a Content-Length). None: 1 MiB plus 32 bytes per token of

@@ -1,11 +1,14 @@
-"""`/healthz` and `/readyz` over plain HTTP for processes that serve no API (workers, the batch
-service), so Kubernetes probes (or `curl`) can ask them directly.
+"""`/healthz`, `/readyz` and `/metrics` over plain HTTP for processes that serve no API
+(workers, the batch service), so Kubernetes probes and Prometheus (or `curl`) can ask them
+directly.
 
 - `/healthz`: 200 while the process can do its work at all (a worker: its engine passes its
   health checks); 503 once it cannot, and a supervisor should restart it.
 - `/readyz`: 200 while it should get work (a worker: engine loaded, not draining, healthy).
 
-Bodies are small JSON objects. Only GET of these two paths is answered (404 otherwise); the
+- `/metrics`: the process's Prometheus metrics in the text exposition format (when it has any).
+
+Probe bodies are small JSON objects. Only GET of these paths is answered (404 otherwise); the
 server reads one request line and its headers, answers, and closes the connection.
 """
 
@@ -21,13 +24,27 @@ import structlog
 log = structlog.get_logger()
 
 Check = Callable[[], Awaitable[bool]]
+Exposition = Callable[[], bytes]
+"""The current metrics in Prometheus's text format (`prometheus_client.generate_latest`)."""
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
 
 
 class ProbeServer:
-    def __init__(self, host: str, port: int, *, healthy: Check, ready: Check) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        healthy: Check,
+        ready: Check,
+        metrics: Exposition | None = None,
+    ) -> None:
         self._host = host
         self._port = port
         self._checks = {"/healthz": healthy, "/readyz": ready}
+        self._metrics = metrics
         self._server: asyncio.Server | None = None
 
     @property
@@ -54,19 +71,10 @@ class ProbeServer:
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass
             parts = request.decode("latin-1").split()
-            check = self._checks.get(parts[1]) if len(parts) >= 2 and parts[0] == "GET" else None
-            if check is None:
-                status, body = 404, {"error": "not found"}
-            else:
-                try:
-                    ok = await check()
-                except Exception:
-                    ok = False
-                status, body = (200, {"status": "ok"}) if ok else (503, {"status": "unavailable"})
-            payload = json.dumps(body).encode()
-            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            path = parts[1] if len(parts) >= 2 and parts[0] == "GET" else None
+            status, content_type, payload = await self._response(path)
             writer.write(
-                f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
                 + payload
             )
@@ -77,3 +85,17 @@ class ProbeServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _response(self, path: str | None) -> tuple[int, str, bytes]:
+        """(status, content type, body) for a GET of `path` (None: not a GET)."""
+        if path == "/metrics" and self._metrics is not None:
+            return 200, METRICS_CONTENT_TYPE, self._metrics()
+        check = self._checks.get(path) if path is not None else None
+        if check is None:
+            return 404, "application/json", json.dumps({"error": "not found"}).encode()
+        try:
+            ok = await check()
+        except Exception:
+            ok = False
+        body = {"status": "ok"} if ok else {"status": "unavailable"}
+        return (200 if ok else 503), "application/json", json.dumps(body).encode()

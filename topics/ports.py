@@ -5,7 +5,7 @@ Adapters (`topics.kafka`, `topics.redis_relay`) implement them; services depend 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -338,4 +338,16 @@ class ArmStats(Protocol):
 
     async def since(self, ref: str, since: float) -> list[ArmSample]:
         """The samples of `ref` that finished at or after `since` (unix seconds)."""
+        ...
+
+
+class TopicWatch(Protocol):
+    """What operators see of the topics: consumer lag and the newest records."""
+
+    async def lag(self, group: str, topics: Sequence[str]) -> dict[str, int]:
+        """Per topic that exists: records `group` has not committed (waiting or running)."""
+        ...
+
+    async def tail(self, topic: str, last: int) -> tuple[int, list[bytes]]:
+        """(records the topic holds, the values of its newest `last`, newest last)."""
         ...

@@ -68,6 +68,8 @@ class RedisReplyRelay:
         self.connected = False
         """Whether the subscription is live: a job produced while it is not would stream into
         the void, so the gateway refuses new requests (503) until it is back."""
+        self.disconnects = 0
+        """Times the subscription was lost (each followed by a resubscription attempt)."""
 
     async def start(self) -> None:
         await self._subscribe()
@@ -132,6 +134,7 @@ class RedisReplyRelay:
             except (RedisError, OSError) as exc:
                 if self.connected:
                     self.connected = False
+                    self.disconnects += 1
                     log.warning("relay_disconnected", error=type(exc).__name__)
                     self._interrupt_open_requests()
                 if self._pubsub is not None:

@@ -29,6 +29,18 @@ fraction of itself after the last sample belongs to a step already sampled."""
 
 
 @dataclass(slots=True)
+class LoadTotals:
+    """Running totals since the worker started (what its `/metrics` counters report)."""
+
+    jobs_started: int = 0
+    prefilled_tokens: int = 0
+    """Prompt tokens computed, counted at each job's first token."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache, counted at each job's first token."""
+    generated_tokens: int = 0
+
+
+@dataclass(slots=True)
 class _Progress:
     job: InferenceJob
     started_at: float
@@ -58,10 +70,14 @@ class LoadTracker:
         tpot_slo_s: float | None = None,
         step_times: StepTimeModel | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_started: Callable[[InferenceJob], None] | None = None,
     ) -> None:
         if tpot_slo_s is not None and tpot_slo_s <= 0:
             raise ValueError("tpot_slo_s must be positive")
         self._clock = clock
+        self._on_started = on_started
+        """Told of every job as it starts (the worker's queue-time metric)."""
+        self.totals = LoadTotals()
         self._jobs: dict[str, _Progress] = {}
         # (prefilled tokens, seconds to first token) of recent jobs: the rate is the ratio of
         # the sums, so long prompts (where the rate matters) weigh more than short ones.
@@ -91,8 +107,11 @@ class LoadTracker:
             self._forget(self._jobs[job.request_id])
         self._jobs[job.request_id] = _Progress(job, now, len(job.prompt_token_ids))
         self._prefilling += 1
+        self.totals.jobs_started += 1
         if len(self._jobs) == 1:  # the engine was idle until now: silence starts counting
             self._last_progress = now
+        if self._on_started is not None:
+            self._on_started(job)
 
     def silent_for(self) -> float | None:
         """Seconds since the engine last produced output for any job held here (or since it
@@ -111,6 +130,8 @@ class LoadTracker:
             progress.first_token_at = progress.last_token_at = now
             progress.cached_tokens = cached_tokens
             prefilled = progress.prompt_tokens - cached_tokens
+            self.totals.prefilled_tokens += max(prefilled, 0)
+            self.totals.cached_tokens += min(cached_tokens, progress.prompt_tokens)
             seconds = now - progress.started_at
             if prefilled > 0 and seconds > 0:
                 self._prefills.append((prefilled, seconds))
@@ -132,6 +153,7 @@ class LoadTracker:
                 self.step_times.add(self._producing, self._context, gap / new_tokens)
         progress.produced += new_tokens
         self._context += new_tokens
+        self.totals.generated_tokens += new_tokens
 
     def finished(self, request_id: str) -> None:
         progress = self._jobs.pop(request_id, None)

@@ -35,6 +35,7 @@ from workers.headroom import HeadroomPolicy
 from workers.health import EngineHealth
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
+from workers.metrics import CountedDeadLetterSink, WorkerMetrics
 from workers.pull_loop import PullLoop
 from workers.runner import JobRunner
 from workers.settings import WorkerSettings
@@ -88,7 +89,8 @@ class Worker:
         )
         self._heartbeat = heartbeat
         background: list[asyncio.Task[None]] = [asyncio.create_task(heartbeat.run())]
-        probes = self._probe_server(heartbeat)
+        metrics = WorkerMetrics(heartbeat)
+        probes = self._probe_server(heartbeat, metrics)
         if probes is not None:
             await probes.start()
         consumer = job_consumer(
@@ -105,8 +107,8 @@ class Worker:
             await consumer.start()
             freeze_startup_heap()  # vLLM and torch: keep full GC passes off token streams
             cancels = RedisCancelBus(redis)
-            load = LoadTracker(tpot_slo_s=settings.tpot_slo_s)
-            dead_letters = KafkaDeadLetterSink(producer)
+            load = LoadTracker(tpot_slo_s=settings.tpot_slo_s, on_started=metrics.job_started)
+            dead_letters = CountedDeadLetterSink(KafkaDeadLetterSink(producer), metrics)
             backlog = RedisBacklog(redis)
             attempts = RedisJobAttempts(redis)
             teams = TeamActivity(TEAM_ACTIVE_S, usage_window_s=settings.team_usage_window_s)
@@ -201,8 +203,9 @@ class Worker:
             await listener_redis.aclose()
             log.info("worker_stopped")
 
-    def _probe_server(self, heartbeat: Heartbeat) -> ProbeServer | None:
-        """/healthz: the engine passes its checks; /readyz: loaded, healthy, not draining."""
+    def _probe_server(self, heartbeat: Heartbeat, metrics: WorkerMetrics) -> ProbeServer | None:
+        """/healthz: the engine passes its checks; /readyz: loaded, healthy, not draining;
+        /metrics: `WorkerMetrics`."""
         if self.settings.probe_port is None:
             return None
 
@@ -213,7 +216,11 @@ class Worker:
             return heartbeat.healthy and heartbeat.state == "ready"
 
         return ProbeServer(
-            self.settings.probe_host, self.settings.probe_port, healthy=healthy, ready=ready
+            self.settings.probe_host,
+            self.settings.probe_port,
+            healthy=healthy,
+            ready=ready,
+            metrics=metrics.exposition,
         )
 
     async def _serve_while_healthy(

@@ -1,13 +1,24 @@
 """The operator page's state: the registry's deployments and traffic split, the replicas'
-heartbeats, the backlog counters, and this gateway's recent latencies, by pool."""
+heartbeats, the backlog counters, the job topics' lag and this gateway's recent latencies, by
+pool; the batches in progress; the newest dead letters."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from batch.state_port import BatchStore
 from gateway.recent import RecentRequests
-from schemas.admin import AdminState, DeploymentState, PoolState, ReplicaState, VersionState
+from gateway.services.topic_watch import TopicsSnapshot
+from schemas.admin import (
+    BATCHES_SHOWN,
+    AdminState,
+    BatchState,
+    DeploymentState,
+    PoolState,
+    ReplicaState,
+    VersionState,
+)
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.registry import DeploymentRecord
 from topics.catalog import PRIORITY_CLASSES
@@ -15,6 +26,9 @@ from topics.ports import QueueBacklog
 
 Records = Callable[[], Mapping[str, DeploymentRecord]]
 Replicas = Callable[[], Mapping[str, Sequence[ReplicaHeartbeat]]]
+Topics = Callable[[], TopicsSnapshot | None]
+BATCHES_LOOKED_AT = 10 * BATCHES_SHOWN
+"""Active batches read per page refresh (the oldest shown are among these)."""
 
 
 class AdminService:
@@ -25,7 +39,12 @@ class AdminService:
         backlog: QueueBacklog,
         recent: RecentRequests,
         gateway_id: str,
+        *,
+        batches: BatchStore,
+        topics: Topics,
     ) -> None:
+        self._batches = batches
+        self._topics = topics
         self._records = records
         self._replicas = replicas
         self._backlog = backlog
@@ -38,6 +57,7 @@ class AdminService:
             stable = next(v for v in record.versions if v.version == record.traffic.stable)
             by_pool.setdefault(stable.pool, []).append(self._deployment(record))
         replicas = self._replicas()
+        topics = self._topics()
         pools = []
         for pool in sorted(set(by_pool) | set(replicas)):
             queued = {tier: await self._backlog.queued(pool, tier) for tier in PRIORITY_CLASSES}
@@ -48,6 +68,8 @@ class AdminService:
                     replicas=[_replica(r) for r in sorted(replicas.get(pool, []),
                                                           key=lambda r: r.replica_id)],
                     queued_prompt_tokens=queued,
+                    job_topic_lag={tier: n for (p, tier), n in topics.lag.items() if p == pool}
+                    if topics else {},
                 )
             )  # fmt: skip
         return AdminState(
@@ -55,7 +77,25 @@ class AdminService:
             window_s=self._recent.window_s,
             gateway_id=self._gateway_id,
             pools=pools,
+            batches=await self._batches_in_progress(),
+            dead_letters=topics.dead_letters if topics else None,
+            recent_dead_letters=list(reversed(topics.recent_dead_letters)) if topics else [],
+            topics_checked_at=topics.taken_at if topics else None,
         )
+
+    async def _batches_in_progress(self) -> list[BatchState]:
+        found = []
+        for batch_id in (await self._batches.active())[:BATCHES_LOOKED_AT]:
+            stored = await self._batches.get(batch_id)
+            if stored is None:
+                continue
+            batch, counts = stored.batch, stored.batch.request_counts
+            found.append(
+                BatchState(id=batch.id, team=stored.team, model=batch.model, status=batch.status,
+                           total=counts.total, completed=counts.completed, failed=counts.failed,
+                           created_at=batch.created_at)
+            )  # fmt: skip
+        return sorted(found, key=lambda b: (b.created_at, b.id))[:BATCHES_SHOWN]
 
     def _deployment(self, record: DeploymentRecord) -> DeploymentState:
         split = record.traffic

@@ -88,10 +88,24 @@ def _rss_bytes(pid: int) -> int:
 def test_maximal_refused_requests_leave_no_memory_behind(
     stack: Stack, hostile: list[tuple[bytes, int]]
 ) -> None:
+    """Memory left behind grows with every request; the allocator's high-water mark does not.
+
+    The first rounds raise RSS once (each render thread's malloc arena grows to the largest
+    body it parsed, and glibc keeps freed arena memory mapped), so they are the warm-up; the
+    rounds after them must not raise it further. Keeping even one parsed body per request
+    (over 1 MiB of JSON, thousands of message objects) would add far more than is allowed.
+    """
     pid = stack.processes.running["gateway"].pid
-    before = _rss_bytes(pid)
-    answers = _send_hostile(stack, hostile, rounds=5)  # 20 maximal bodies, every one refused
-    after = _rss_bytes(pid)
-    print(f"gateway RSS {before / 2**20:.0f} MiB -> {after / 2**20:.0f} MiB")
-    assert len(answers) == 20 and all(status in (400, 413) for status, _ in answers)
-    assert after - before <= 100 * 2**20
+    rss = [_rss_bytes(pid)]
+    answers = []
+    for _ in range(WARM_UP_ROUNDS + MEASURED_ROUNDS):
+        answers += _send_hostile(stack, hostile, rounds=1)
+        rss.append(_rss_bytes(pid))
+    print("gateway RSS by round (MiB):", [round(r / 2**20) for r in rss])
+    assert len(answers) == 4 * (WARM_UP_ROUNDS + MEASURED_ROUNDS)
+    assert all(status in (400, 413) for status, _ in answers)
+    assert rss[-1] - rss[WARM_UP_ROUNDS] <= 32 * 2**20
+
+
+WARM_UP_ROUNDS = 3  # measured: 418, 455, 498, 514 MiB, then 514-525 over 4 more rounds
+MEASURED_ROUNDS = 5
