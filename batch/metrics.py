@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batch.collector import ResultCollector
-from batch.fanout import BatchFanout
-from batch.redis_store import RedisBatchStore
 from schemas.batches import Batch
 
 
@@ -35,12 +33,27 @@ class ActiveBatches:
         self.pending_lines += max(counts.total - counts.completed - counts.failed, 0)
 
 
+class Producing(Protocol):
+    queued: int
+    """Lines produced as jobs (`BatchFanout`)."""
+
+
+class Recording(Protocol):
+    lines_recorded: dict[str, int]
+    """Line results recorded first, by outcome (`RedisBatchStore`)."""
+
+
+class Collecting(Protocol):
+    duplicates: int
+    """Results dropped as duplicates (`ResultCollector`)."""
+
+
 class BatchServiceCollector(Collector):
     def __init__(
         self,
-        store: RedisBatchStore,
-        fanout: BatchFanout,
-        collector: ResultCollector,
+        store: Recording,
+        fanout: Producing,
+        collector: Collecting,
         active: Callable[[], ActiveBatches],
     ) -> None:
         self._store = store

@@ -52,7 +52,11 @@ class TopicMonitor:
         lag: dict[tuple[str, str], int] = {}
         for pool in sorted(set(self._pools())):
             topics = {catalog.job_topic(pool, tier): tier for tier in PRIORITY_CLASSES}
-            found = await self._watch.lag(catalog.worker_group(pool), list(topics))
+            try:
+                found = await self._watch.lag(catalog.worker_group(pool), list(topics))
+            except Exception as exc:  # one pool's topics unreadable: the others still count
+                log.warning("topic_lag_failed", pool=pool, error=type(exc).__name__)
+                continue
             for topic, records in found.items():
                 lag[(pool, topics[topic])] = records
         held, values = await self._watch.tail(catalog.DEAD_TOPIC, self._shown)

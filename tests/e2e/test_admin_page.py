@@ -1,7 +1,8 @@
 """The operator page in a real browser (Debian's headless chromium, driven by Playwright): an
-admin signs in, sees the pools, deployments and replicas of the running stack, sends a few
-requests and sees the counters move; a team key is turned away. Saves a screenshot (set
-`LLMQ_ADMIN_SCREENSHOT` to keep it, as the README's)."""
+admin signs in, sees the pools, deployments and replicas of the running stack and its job
+topics' lag, sends a few requests and sees the counters move, sees a batch in progress (on a
+pool without workers, so it stays there until cancelled); a team key is turned away. Saves a
+screenshot (set `LLMQ_ADMIN_SCREENSHOT` to keep it, as the README's)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.e2e.conftest import ADMIN_KEY, Stack
+from tests.e2e.conftest import ADMIN_KEY, IDLE_MODEL, Stack
+from tests.e2e.test_batches import jsonl, submit
 
 pytestmark = pytest.mark.e2e
 
@@ -70,11 +72,27 @@ def test_an_admin_sees_the_fleet_and_the_counters_move(
         timeout=15_000,
     )
     assert "ms /" in (page.text_content(row) or "")  # a TTFT p95 against the SLO
-    shot = tmp_path / "admin.png"
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
-    if keep := os.environ.get("LLMQ_ADMIN_SCREENSHOT"):
-        shutil.copyfile(shot, keep)
+    # The job topics' lag, once the gateway's topic watcher has looked (every 5 s).
+    title = f'section.pool[data-pool="{stack.pool}"] h2'
+    page.wait_for_function(
+        "(title) => 'interactive' in JSON.parse(document.querySelector(title).dataset.lag)",
+        arg=title,
+        timeout=15_000,
+    )
+    assert "job-topic lag: " in (page.text_content(title) or "")
+    assert "on the topic" in (page.text_content("#dead-title") or "")
+    waiting = submit(client, jsonl(3, IDLE_MODEL), "admin-page.jsonl")
+    try:
+        page.wait_for_selector(f'tr.batch[data-batch="{waiting.id}"]', timeout=15_000)
+        shown = page.text_content(f'tr.batch[data-batch="{waiting.id}"]') or ""
+        assert IDLE_MODEL in shown and "e2e" in shown  # its model and its team
+        shot = tmp_path / "admin.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        if keep := os.environ.get("LLMQ_ADMIN_SCREENSHOT"):
+            shutil.copyfile(shot, keep)
+    finally:
+        client.batches.cancel(waiting.id)
     page.close()
 
 

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
+from llmq.services import LOCALHOST
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import InferenceJob, UsageRecord
 from tests.e2e.conftest import IDLE_MODEL, SIM_MODEL, STRICT_MODEL, Stack
@@ -254,11 +255,7 @@ def test_metrics_count_requests(stack: Stack) -> None:
     client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key)
     client.chat.completions.create(model=stack.model, messages=HELLO, max_tokens=2)
     text = httpx.get(f"{stack.base_url}/metrics").text
-    samples = [
-        (sample.name, sample.labels, sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    ]
+    samples = _samples(text)
     served = {"model": stack.model, "version": "1", "team": "e2e", "tier": "interactive"}
     assert any(
         name == "llmq_requests_total" and labels == {**served, "status": "ok"} and value >= 1
@@ -272,8 +269,43 @@ def test_metrics_count_requests(stack: Stack) -> None:
     # The pool's replicas, from their heartbeats (what KEDA's Prometheus trigger reads).
     assert f'llmq_pool_replicas{{pool="{stack.pool}",state="ready"}}' in text
     assert f'llmq_pool_kv_cache_usage{{pool="{stack.pool}"}}' in text
-    # Every query of the Grafana dashboard names a metric this running gateway exports.
-    assert missing(queried_metrics(), exported_families(text)) == set()
+    # The job topics' lag, read by the gateway's topic watcher at start and every 5 s since.
+    assert _value(samples, "llmq_job_topic_lag", {"pool": stack.pool, "tier": "interactive"}) >= 0
+    assert _value(samples, "llmq_relay_connected", {}) == 1
+    # The worker that served it counts it on its probe port.
+    worker = _samples(httpx.get(f"{_probe(stack, 'worker')}/metrics").text)
+    replica = {"pool": stack.pool, "model": stack.model, "replica": "e2e-worker-0"}
+    assert _value(worker, "llmq_worker_jobs_started_total", replica) >= 1
+    assert _value(worker, "llmq_worker_generated_tokens_total", replica) >= 2
+    assert _value(worker, "llmq_worker_state", {**replica, "state": "ready"}) == 1
+    assert _value(worker, "llmq_worker_queue_time_seconds_count",
+                  {**replica, "tier": "interactive"}) >= 1  # fmt: skip
+    # Every query of the Grafana dashboard names a metric that a process of the stack exports.
+    pages = [text] + [httpx.get(f"{_probe(stack, p)}/metrics").text for p in ("worker", "batch")]
+    exported = set().union(*(exported_families(page) for page in pages))
+    assert missing(queried_metrics(), exported) == set()
+
+
+def _probe(stack: Stack, process: str) -> str:
+    return f"http://{LOCALHOST}:{stack.probe_ports[process]}"
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+def _samples(text: str) -> list[Sample]:
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+def _value(samples: list[Sample], name: str, labels: dict[str, str]) -> float:
+    """The value of the one sample of `name` with exactly `labels`."""
+    found = [v for n, ls, v in samples if n == name and ls == labels]
+    assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
+    return found[0]
 
 
 async def test_abandoned_non_streaming_request_frees_the_engine(

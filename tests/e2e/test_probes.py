@@ -1,5 +1,5 @@
 """Every process answers /healthz and /readyz: the gateway on its API port, the worker and the
-batch service on their probe ports."""
+batch service on their probe ports (where they also serve /metrics)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ def test_every_process_is_healthy_and_ready(stack: Stack) -> None:
         for path in ("/healthz", "/readyz"):
             response = httpx.get(url + path, timeout=10)
             assert response.status_code == 200, f"{url}{path}: {response.text}"
-    assert httpx.get(f"http://{LOCALHOST}:{stack.probe_ports['worker']}/metrics").status_code == 404
+    for process, family in (("worker", "llmq_worker_healthy"), ("batch", "llmq_batches")):
+        response = httpx.get(f"http://{LOCALHOST}:{stack.probe_ports[process]}/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert f"# TYPE {family} gauge" in response.text
     # vLLM's liveness path, which benchmark clients made for vLLM check before they start.
     assert httpx.get(f"{stack.base_url}/health", timeout=10).status_code == 200

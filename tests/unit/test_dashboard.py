@@ -1,5 +1,6 @@
 """The Grafana dashboard (infra/grafana/llmq.json): a well-formed dashboard whose every query
-names metrics the gateway exports (the e2e suite checks the same against a running stack)."""
+names metrics a gateway, worker or batch service exports (the e2e suite checks the same against
+a running stack)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
+from redis.asyncio import Redis
 
+from batch.metrics import ActiveBatches, BatchServiceCollector, batch_exposition
 from gateway.metrics import GatewayMetrics
+from tests.unit.test_process_metrics import Counts
+from topics.redis_relay import RedisReplicaDirectory
+from workers.heartbeat import Heartbeat
+from workers.load import LoadTracker
+from workers.metrics import WorkerMetrics
 
 DASHBOARD = Path(__file__).parents[2] / "infra/grafana/llmq.json"
 SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
@@ -63,12 +71,29 @@ def test_the_dashboard_is_well_formed() -> None:
             assert target["expr"].count("(") == target["expr"].count(")"), target["expr"]
 
 
-def test_every_query_names_a_metric_the_gateway_exports() -> None:
+def test_every_query_names_a_metric_a_process_exports() -> None:
     metrics = GatewayMetrics()
     metrics.watch_replicas(lambda: {})
     metrics.watch_models(lambda: [])
-    families = exported_families(generate_latest(metrics.registry).decode())
+    metrics.watch_topics(lambda: None)
+    metrics.watch_relay(Relay())
+    heartbeat = Heartbeat(RedisReplicaDirectory(Redis()), replica_id="w", pool="p", model="m",
+                          interval_s=1.0)  # fmt: skip
+    worker = WorkerMetrics(heartbeat)
+    heartbeat.load = LoadTracker()
+    counts = Counts()
+    pages = [
+        generate_latest(metrics.registry),
+        worker.exposition(),
+        batch_exposition(BatchServiceCollector(counts, counts, counts, ActiveBatches))(),
+    ]
+    families = set().union(*(exported_families(page.decode()) for page in pages))
     queried = queried_metrics()
     assert len(queried) >= 10
     assert missing(queried, families) == set()
     assert missing({"llmq_no_such_metric_total"}, families) == {"llmq_no_such_metric_total"}
+
+
+class Relay:
+    connected = True
+    disconnects = 0
