@@ -87,6 +87,9 @@ class Fleet(BaseModel):
     """Partitions of every job topic the controller creates: at least any pool's
     `max_replicas` (KEDA never runs more consumers than partitions)."""
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    monitoring_namespace: str = "monitoring"
+    """Where Prometheus runs: its pods may scrape the workers' and batch services' probe
+    ports (`/metrics`), which nothing else may reach."""
     gateway_replicas: PositiveInt = 3
     gateway_max_replicas: PositiveInt = 12
     weight_cache_path: str = "/mnt/k8s-disks/0/llmq/weights"
@@ -200,7 +203,8 @@ def _gateway(fleet: Fleet) -> list[Manifest]:
                 "type": "Utilization", "averageUtilization": 60}}}],
         },
     }  # fmt: skip
-    deployment = workload("llmq-gateway", fleet.namespace, pod, replicas=fleet.gateway_replicas)
+    deployment = workload("llmq-gateway", fleet.namespace, pod, replicas=fleet.gateway_replicas,
+                          metrics_port=GATEWAY_PORT)  # fmt: skip
     return [deployment, service, pdb, hpa]
 
 
@@ -213,12 +217,13 @@ def _batch_service(fleet: Fleet) -> Manifest:
     pod = pod_spec(
         "llmq-batch", container, init=_tokenizer_pulls(fleet), volumes={"models": TOKENIZERS}
     )
-    return workload("llmq-batch", fleet.namespace, pod)
+    return workload("llmq-batch", fleet.namespace, pod, metrics_port=PROBE_PORT)
 
 
 def _network_policies(fleet: Fleet) -> list[Manifest]:
     """Nothing reaches llmq's pods but the gateway's port (workers and the batch service
-    only call out: to MSK, Redis, S3); kubelet probes are not subject to policies."""
+    only call out: to MSK, Redis, S3) and, from Prometheus's namespace, the probe port that
+    serves their `/metrics`; kubelet probes are not subject to policies."""
     deny = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -235,7 +240,21 @@ def _network_policies(fleet: Fleet) -> list[Manifest]:
             "ingress": [{"ports": [{"port": GATEWAY_PORT, "protocol": "TCP"}]}],
         },
     }
-    return [deny, gateway]
+    scrape = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta("llmq-metrics-scrape", fleet),
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": fleet.monitoring_namespace}}}],
+                "ports": [{"port": PROBE_PORT, "protocol": "TCP"}],
+            }],
+        },
+    }  # fmt: skip
+    return [deny, gateway, scrape]
 
 
 def pool_version(pool: FleetPool) -> DeploymentVersion:

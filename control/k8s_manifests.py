@@ -218,6 +218,13 @@ def _selector(name: str, version: DeploymentVersion) -> dict[str, Any]:
     }
 
 
+def scrape_annotations(port: int) -> dict[str, str]:
+    """What tells Prometheus's Kubernetes pod discovery (the common `prometheus.io/*`
+    relabelling) to scrape a pod's `/metrics` on `port`."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics"}  # fmt: skip
+
+
 def _metadata(name: str, version: DeploymentVersion, settings: KubernetesSettings) -> Manifest:
     return {
         "name": worker_name(name, version.version),
@@ -356,7 +363,13 @@ def worker_deployment(
         "spec": {
             "replicas": replicas,
             "selector": _selector(name, version),
-            "template": {"metadata": {"labels": worker_labels(name, version)}, "spec": spec},
+            "template": {
+                "metadata": {
+                    "labels": worker_labels(name, version),
+                    "annotations": scrape_annotations(settings.probe_port),
+                },
+                "spec": spec,
+            },
         },
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control.k8s_manifests import CONTAINER_SECURITY, POD_SECURITY, Manifest
+from control.k8s_manifests import CONTAINER_SECURITY, POD_SECURITY, Manifest, scrape_annotations
 
 CONFIG_MAP = "llmq-config"
 REDIS_SECRET = "llmq-redis"
@@ -126,10 +126,15 @@ def workload(
     *,
     replicas: int = 1,
     accepted: dict[str, str] | None = None,
+    metrics_port: int | None = None,
     **spec: Any,
 ) -> Manifest:
-    """The `Deployment` of one process (`accepted`: its own checkov skips and reasons)."""
+    """The `Deployment` of one process (`accepted`: its own checkov skips and reasons;
+    `metrics_port`: where Prometheus scrapes its `/metrics`)."""
     selected = labels(name)
+    template: Manifest = {"labels": selected}
+    if metrics_port is not None:
+        template["annotations"] = scrape_annotations(metrics_port)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -138,7 +143,7 @@ def workload(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selected},
-            "template": {"metadata": {"labels": selected}, "spec": pod},
+            "template": {"metadata": template, "spec": pod},
             **spec,
         },
     }  # fmt: skip

@@ -193,3 +193,24 @@ def test_a_fleet_whose_topics_cannot_reach_a_pools_maximum_is_refused() -> None:
     fleet = fleet_from(["seed-70b"], None, None)
     with pytest.raises(ValueError, match="partitions"):
         Fleet.model_validate({**fleet.model_dump(), "job_topic_partitions": 64})  # max 65
+
+
+def test_prometheus_may_scrape_every_process_that_serves_metrics_and_nothing_more() -> None:
+    objects = seed_objects()
+    for deployment in by_kind(objects, "Deployment"):
+        name = deployment["metadata"]["name"]
+        template = deployment["spec"]["template"]
+        annotations = template["metadata"].get("annotations", {})
+        if name == "llmq-controller":  # serves probes only
+            assert "prometheus.io/scrape" not in annotations
+            continue
+        assert annotations["prometheus.io/scrape"] == "true", name
+        assert annotations["prometheus.io/path"] == "/metrics"
+        ports = {p["containerPort"] for c in template["spec"]["containers"] for p in c["ports"]}
+        assert int(annotations["prometheus.io/port"]) in ports, name
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(objects, "NetworkPolicy")}
+    (rule,) = policies["llmq-metrics-scrape"]["ingress"]
+    assert rule["ports"] == [{"port": 8081, "protocol": "TCP"}]  # the probe port alone
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
