@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -61,6 +62,18 @@ async def ensure_topics(bootstrap: str, pools: list[str], partitions: int = 8) -
         return created
     finally:
         await admin.close()
+
+
+async def topic_partitions(bootstrap: str, client_id: str) -> dict[str, list[int]]:
+    """Every topic on the broker and its partition ids. Describes all topics: a metadata
+    request naming one topic can auto-create it (Tansu and default Kafka configs do)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id, **client_kwargs())
+    await admin.start()
+    try:
+        described: list[dict[str, Any]] = await admin.describe_topics()
+    finally:
+        await admin.close()
+    return {t["topic"]: sorted(p["partition"] for p in t["partitions"]) for t in described}
 
 
 class KafkaProducer:

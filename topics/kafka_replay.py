@@ -26,13 +26,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import NamedTuple, Self
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
-from topics.kafka import FETCH_MAX_WAIT_MS
+from topics.kafka import FETCH_MAX_WAIT_MS, topic_partitions
 from topics.kafka_connection import client_kwargs
 
 log = structlog.get_logger()
@@ -117,21 +116,10 @@ class KafkaTopicReader:
     async def partitions(self, topic: str) -> list[int] | None:
         """The topic's partition ids, or None if it does not exist.
 
-        Asks for every topic's metadata (cached for the reader's life): a metadata request
-        naming one topic can auto-create it (Tansu and default Kafka configs do).
+        Asks for every topic's metadata (`topic_partitions`), cached for the reader's life.
         """
         if self._partitions_cache is None:
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap, client_id=self._client_id, **client_kwargs()
-            )
-            await admin.start()
-            try:
-                described: list[dict[str, Any]] = await admin.describe_topics()
-            finally:
-                await admin.close()
-            self._partitions_cache = {
-                t["topic"]: sorted(p["partition"] for p in t["partitions"]) for t in described
-            }
+            self._partitions_cache = await topic_partitions(self._bootstrap, self._client_id)
         return self._partitions_cache.get(topic)
 
     async def open(

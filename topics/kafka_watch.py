@@ -16,12 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
-from topics.kafka import FETCH_MAX_WAIT_MS
+from topics.kafka import FETCH_MAX_WAIT_MS, topic_partitions
 from topics.kafka_connection import client_kwargs
 
 
@@ -34,17 +32,9 @@ class KafkaTopicWatch:
         self._timeout_s = timeout_s
 
     async def partitions(self) -> dict[str, int]:
-        """Every topic on the broker and its partition count (describing all topics: naming
-        one in a metadata request can auto-create it)."""
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self._bootstrap, client_id=self._client_id, **client_kwargs()
-        )
-        await admin.start()
-        try:
-            described: list[dict[str, Any]] = await admin.describe_topics()
-        finally:
-            await admin.close()
-        return {t["topic"]: len(t["partitions"]) for t in described}
+        """Every topic on the broker and its partition count."""
+        found = await topic_partitions(self._bootstrap, self._client_id)
+        return {topic: len(ids) for topic, ids in found.items()}
 
     async def lag(self, group: str, topics: Sequence[str]) -> dict[str, int]:
         """Per topic (of those that exist), the records `group` has not committed yet."""

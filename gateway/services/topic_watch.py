@@ -80,13 +80,6 @@ def _summaries(values: list[bytes]) -> Iterable[DeadLetterState]:
             letter = DeadLetter.model_validate_json(value)
         except ValidationError:
             continue
-        yield DeadLetterState(
-            reason=letter.reason,
-            detail=letter.detail,
-            request_id=letter.request_id,
-            topic=letter.topic,
-            partition=letter.partition,
-            offset=letter.offset,
-            failed_at=letter.failed_at,
-            attempts=letter.attempts,
+        yield DeadLetterState.model_validate(
+            letter.model_dump(include=set(DeadLetterState.model_fields))
         )
