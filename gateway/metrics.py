@@ -112,6 +112,14 @@ class GatewayMetrics:
             ["team", "adapter", "model", "kind"],
             registry=self.registry,
         )
+        self.queue_time = Histogram(
+            "llmq_queue_time_seconds",
+            "Arrival to a worker starting the job (the worker's clock), of requests that "
+            "finished.",
+            JOB_LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.e2e = Histogram(
             "llmq_e2e_request_latency_seconds",
             "Arrival to last token.",

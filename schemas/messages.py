@@ -287,6 +287,8 @@ class FinishEvent(Message):
     usage: UsageCounts
     finish_reasons: tuple[FinishReason, ...] = ()
     """Each choice's finish reason, by index, when the request asked for `n` > 1."""
+    started_at: float | None = None
+    """When the worker started the job (Unix time): the gateway's queue-time metric."""
 
 
 class ErrorEvent(Message):

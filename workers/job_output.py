@@ -45,6 +45,7 @@ class JobOutput:
         finish_reason: FinishReason,
         usage: UsageCounts,
         finish_reasons: tuple[FinishReason, ...] = (),
+        started_at: float | None = None,
     ) -> None:
         """The successful end: buffered batch output whole, then the finish event."""
         if job.batch is not None:
@@ -76,6 +77,7 @@ class JobOutput:
             finish_reason=finish_reason,
             usage=usage,
             finish_reasons=finish_reasons,
+            started_at=started_at,
         )
         await self._publisher.publish(job.reply_to, finish)
 

@@ -200,7 +200,7 @@ class JobRunner:
             outcome = finish_reason
             choices = job.sampling.n
             reasons = tuple(ends.get(i, "stop") for i in range(choices)) if choices > 1 else ()
-            await self._output.finished(job, buffered, finish_reason, usage, reasons)
+            await self._output.finished(job, buffered, finish_reason, usage, reasons, started)
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:

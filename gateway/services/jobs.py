@@ -218,6 +218,9 @@ class JobRelay:
         elif isinstance(event, FinishEvent):
             active.outcome = "ok"
             self._metrics.observe_prompt(job_labels(active.job), event.usage)
+            if event.started_at is not None:  # the worker's clock: never below 0
+                waited = max(0.0, event.started_at - active.arrived)
+                self._metrics.queue_time.labels(*job_labels(active.job)).observe(waited)
         elif isinstance(event, ErrorEvent):
             active.outcome = event.code
             adapter = active.job.adapter

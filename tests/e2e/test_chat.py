@@ -266,6 +266,7 @@ def test_metrics_count_requests(stack: Stack) -> None:
         for name, labels, value in samples
     )
     assert "llmq_time_to_first_token_seconds_bucket" in text
+    assert _value(samples, "llmq_queue_time_seconds_count", served) >= 1  # told by the worker
     # The pool's replicas, from their heartbeats (what KEDA's Prometheus trigger reads).
     assert f'llmq_pool_replicas{{pool="{stack.pool}",state="ready"}}' in text
     assert f'llmq_pool_kv_cache_usage{{pool="{stack.pool}"}}' in text
