@@ -8,11 +8,8 @@ changes nothing. When the last line of a batch is recorded, the batch is finaliz
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Protocol
 
 import structlog
-from pydantic import ValidationError
 
 from batch.finalize import BatchEnd, BatchFinalizer
 from batch.results import result_line, stored
@@ -22,32 +19,15 @@ from schemas.messages import BatchResultEvent
 log = structlog.get_logger()
 
 
-class RecordStream(Protocol):
-    """Raw records of one topic in order; `commit()` acknowledges everything yielded so far."""
-
-    def records(self) -> AsyncIterator[bytes]: ...
-
-    async def commit(self) -> None: ...
-
-
 class ResultCollector:
-    def __init__(self, stream: RecordStream, store: BatchStore, finalizer: BatchFinalizer) -> None:
-        self._stream = stream
+    """The results topic's handler (`topics.streams.BATCH_RESULTS`)."""
+
+    def __init__(self, store: BatchStore, finalizer: BatchFinalizer) -> None:
         self._store = store
         self._finalizer = finalizer
         self._finalizing: set[asyncio.Task[bool]] = set()
         self.recorded = 0
         self.duplicates = 0
-
-    async def run(self) -> None:
-        async for raw in self._stream.records():
-            try:
-                event = BatchResultEvent.model_validate_json(raw)
-            except ValidationError:
-                log.warning("batch_result_rejected", size=len(raw))
-            else:
-                await self.handle(event)
-            await self._stream.commit()
 
     async def handle(self, event: BatchResultEvent) -> None:
         batch_id = event.batch.batch_id

@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aioboto3
 import structlog
 import uvloop
-from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from batch.collector import ResultCollector
@@ -36,15 +35,16 @@ from llmq.probes import ProbeServer
 from schemas.deployment import Deployment
 from schemas.messages import BatchCreatedEvent
 from schemas.render import ChatRenderer
-from topics import catalog
 from topics.counted_queue import AnnouncedJobQueue
-from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaTopicStream, ensure_topics
+from topics.kafka import KafkaJobQueue, KafkaProducer, ensure_topics
 from topics.kafka_connection import configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.kafka_streams import kafka_broker, subscribe
 from topics.redis_backlog import RedisBacklog
 from topics.redis_client import connect_redis
 from topics.redis_token_bucket import RedisTokenBucket
 from topics.redis_wake import RedisJobWake
+from topics.streams import BATCH_CONTROL, BATCH_RESULTS
 
 log = structlog.get_logger()
 
@@ -111,18 +111,6 @@ class BatchSweeper:
             await asyncio.sleep(self._settings.sweep_interval_s)
 
 
-async def fan_out_created(stream: KafkaTopicStream, fanout: BatchFanout) -> None:
-    """Fan out each created batch; its control event is committed only once it is fanned out."""
-    async for raw in stream.records():
-        try:
-            event = BatchCreatedEvent.model_validate_json(raw)
-        except ValidationError:
-            log.warning("batch_event_rejected", size=len(raw))
-        else:
-            await fanout.handle(event.batch_id)
-        await stream.commit()
-
-
 async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     """Run until ``stop`` is set."""
     configure_kafka(settings.kafka_connection)
@@ -133,14 +121,8 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     store = RedisBatchStore(redis)
     files = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
     producer = KafkaProducer(settings.kafka_bootstrap, client_id=client_id)
-    control = KafkaTopicStream(
-        settings.kafka_bootstrap, catalog.BATCHES_TOPIC, catalog.BATCH_FANOUT_GROUP, client_id,
-        from_start=True, max_poll_interval_ms=3_600_000,
-    )  # fmt: skip
-    results = KafkaTopicStream(
-        settings.kafka_bootstrap, catalog.RESULTS_TOPIC, catalog.BATCH_COLLECTOR_GROUP, client_id,
-        from_start=True,
-    )  # fmt: skip
+    # A fan-out still running at shutdown gets this long, then resumes at its cursor elsewhere.
+    streams = kafka_broker(settings.kafka_bootstrap, client_id, graceful_timeout_s=10.0)
     finalizer = BatchFinalizer(store, files, client_id, settings.finalize_lease_s)
     renderer = ChatRenderer({})
 
@@ -162,24 +144,25 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
         max_requests=settings.batch_max_requests, chunk=settings.fanout_chunk,
         quota=LineQuota(RedisTokenBucket(redis), settings.teams), adapters=registry,
     )  # fmt: skip
-    collector = ResultCollector(results, store, finalizer)
+    collector = ResultCollector(store, finalizer)
     sweeper = BatchSweeper(store, finalizer, settings)
+
+    async def fan_out(event: BatchCreatedEvent) -> None:
+        await fanout.handle(event.batch_id)
+
+    subscribe(streams, BATCH_CONTROL, fan_out)
+    subscribe(streams, BATCH_RESULTS, collector.handle)
     await files.start()
     await producer.start()
     await registry_log.start()
     await registry.start()
     await registry.seed(settings.deployments)
-    await control.start()
-    await results.start()
-    tasks = [
-        asyncio.create_task(fan_out_created(control, fanout), name="batch-fanout"),
-        asyncio.create_task(collector.run(), name="batch-collector"),
-        asyncio.create_task(sweeper.run(), name="batch-sweeper"),
-    ]
+    await streams.start()
+    tasks = [asyncio.create_task(sweeper.run(), name="batch-sweeper")]
     metrics = batch_exposition(
         BatchServiceCollector(store, fanout, collector, lambda: sweeper.active)
     )
-    probes = _probe_server(settings, tasks, redis, metrics)
+    probes = _probe_server(settings, tasks, redis, streams.ping, metrics)
     if probes is not None:
         await probes.start()
     freeze_startup_heap()
@@ -191,10 +174,9 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
             if task is not stopped and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
-        # Stop the consumers first, so their loops end between records (never inside a
-        # commit), then cancel what is left (the sweeper, a fan-out mid-file).
-        await results.stop()
-        await control.stop()
+        # Stop the subscribers first (a running handler may finish, then they leave their
+        # groups: never inside a commit), then cancel what is left (the sweeper).
+        await streams.stop()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -215,10 +197,11 @@ def _probe_server(
     settings: BatchSettings,
     tasks: list[asyncio.Task[None]],
     redis: Redis,
+    kafka_ping: Callable[[float], Awaitable[bool]],
     metrics: Callable[[], bytes],
 ) -> ProbeServer | None:
-    """/healthz: its loops are running; /readyz: and Redis (the batch state) answers;
-    /metrics: `BatchServiceCollector`."""
+    """/healthz: its sweeper is running; /readyz: and Redis (the batch state) and the
+    broker (its subscriptions) answer; /metrics: `BatchServiceCollector`."""
     if settings.probe_port is None:
         return None
 
@@ -227,7 +210,7 @@ def _probe_server(
 
     async def ready() -> bool:
         async with asyncio.timeout(2):
-            return await healthy() and bool(await redis.ping())
+            return await healthy() and bool(await redis.ping()) and await kafka_ping(2.0)
 
     return ProbeServer(
         settings.probe_host, settings.probe_port, healthy=healthy, ready=ready, metrics=metrics

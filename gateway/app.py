@@ -60,11 +60,11 @@ from topics.kafka import (
     KafkaBatchEvents,
     KafkaJobQueue,
     KafkaProducer,
-    KafkaUsageStream,
     ensure_topics,
 )
 from topics.kafka_connection import configure_kafka
 from topics.kafka_registry import KafkaRegistryLog, ensure_registry_topic
+from topics.kafka_streams import kafka_broker, subscribe
 from topics.kafka_watch import KafkaTopicWatch
 from topics.redis_adapter_demand import RedisAdapterDemand
 from topics.redis_arm_stats import RedisArmStats
@@ -73,6 +73,7 @@ from topics.redis_client import connect_redis
 from topics.redis_relay import RedisCancelBus, RedisReplicaDirectory, RedisReplyRelay
 from topics.redis_token_bucket import RedisTokenBucket
 from topics.redis_wake import RedisJobWake
+from topics.streams import USAGE
 
 log = structlog.get_logger()
 
@@ -112,8 +113,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         registry = ModelRegistry([], replicas, prepare, default=first, adapters=deployment_registry)
         deployment_registry.listen(registry.apply)
         quota = QuotaService(RedisTokenBucket(redis), settings.teams)
-        usage = KafkaUsageStream(settings.kafka_bootstrap, catalog.QUOTA_GROUP, client_id)
-        reconciler = UsageReconciler(usage, quota)
+        streams = kafka_broker(settings.kafka_bootstrap, client_id)
+        subscribe(streams, USAGE, UsageReconciler(quota).handle)
         file_store = S3FileStore(aioboto3.Session(), settings.s3_bucket, settings.s3_endpoint_url)
         await producer.start()
         await ensure_registry_topic(settings.kafka_bootstrap)
@@ -122,8 +123,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await deployment_registry.seed(settings.deployments)
         await relay.start()
         await replicas.start()
-        await usage.start()
-        reconciler.start()
+        await streams.start()
         await file_store.start()
         metrics = GatewayMetrics()
         metrics.watch_replicas(replicas.by_pool)
@@ -218,8 +218,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     await watching
             offload.close()
             await file_store.stop()
-            await reconciler.stop()
-            await usage.stop()
+            await streams.stop()
             await replicas.stop()
             await relay.stop()
             await deployment_registry.stop()

@@ -114,8 +114,7 @@ class GatewayMetrics:
         )
         self.queue_time = Histogram(
             "llmq_queue_time_seconds",
-            "Arrival to a worker starting the job (the worker's clock), of requests that "
-            "finished.",
+            "Arrival to a worker starting the job (the worker's clock), of requests that finished.",
             JOB_LABELS,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,

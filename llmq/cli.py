@@ -104,6 +104,19 @@ def topics_ensure(
     typer.echo(f"created {len(created)} topics" + (f": {', '.join(created)}" if created else ""))
 
 
+@topics_app.command("asyncapi")
+def topics_asyncapi(
+    out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+) -> None:
+    """Every topic and Redis channel as an AsyncAPI 3 document (docs/asyncapi.yaml)."""
+    from llmq.asyncapi import render
+
+    if out is None:
+        typer.echo(render(), nl=False)
+    else:
+        out.write_text(render())
+
+
 @dev_app.command("up")
 def dev_up(
     detach: Annotated[bool, typer.Option(help="Return once ready; leave it running.")] = False,

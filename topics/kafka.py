@@ -8,14 +8,12 @@ created explicitly (auto-created topics get the wrong partition count).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import ConsumerStoppedError, TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas.messages import (
     BatchCreatedEvent,
@@ -140,82 +138,6 @@ class KafkaUsageSink:
 
     async def record(self, usage: UsageRecord) -> None:
         await self._producer.send(catalog.USAGE_TOPIC, usage.to_bytes(), key=usage.team.encode())
-
-
-STREAM_FETCH_MAX_WAIT_MS = 500
-"""How long a stream's fetch waits for records: usage, batch control and batch results are
-not latency-critical (a quota refund or a batch line half a second later), and a broker that
-answers only when the wait expires (Tansu) is spared most of their idle polls."""
-
-
-class KafkaTopicStream:
-    """One topic read by one consumer group; offsets are committed by hand after the work."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        group_id: str,
-        client_id: str,
-        *,
-        from_start: bool = False,
-        max_poll_interval_ms: int = 300_000,
-    ) -> None:
-        self._group_id = group_id
-        self._stopped = False
-        self._consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            **client_kwargs(),
-            group_id=group_id,
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest" if from_start else "latest",
-            fetch_max_wait_ms=STREAM_FETCH_MAX_WAIT_MS,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-            max_poll_interval_ms=max_poll_interval_ms,
-        )
-
-    async def start(self) -> None:
-        await self._consumer.start()
-
-    async def stop(self, timeout_s: float = 15.0) -> None:
-        """Leave the group and close; `records()` then ends. Bounded: a broker that does not
-        answer must not hold a shutdown (the group then drops this member on its own)."""
-        self._stopped = True
-        try:
-            await asyncio.wait_for(self._consumer.stop(), timeout_s)
-        except TimeoutError:
-            log.warning("consumer_stop_timed_out", group=self._group_id)
-
-    async def records(self) -> AsyncIterator[bytes]:
-        """Record values in order, until the consumer is stopped."""
-        try:
-            async for record in self._consumer:
-                if record.value is not None:
-                    yield record.value
-        except ConsumerStoppedError:
-            return
-
-    async def commit(self, timeout_s: float = 10.0) -> None:
-        """Commit what was yielded so far. A stopped stream commits nothing, and a commit is
-        bounded: aiokafka retries a commit whose group coordinator is gone for as long as it
-        is awaited, so one in flight when the consumer stops would never return. An offset
-        not committed is read again by the partition's next owner (consumers are idempotent)."""
-        if self._stopped:
-            return
-        try:
-            await asyncio.wait_for(self._consumer.commit(), timeout_s)
-        except TimeoutError:
-            log.warning("commit_timed_out", group=self._group_id)
-
-
-class KafkaUsageStream(KafkaTopicStream):
-    """The usage topic, read by one consumer group (e.g. every gateway's quota reconciler)."""
-
-    def __init__(self, bootstrap: str, group_id: str, client_id: str) -> None:
-        super().__init__(bootstrap, catalog.USAGE_TOPIC, group_id, client_id)
 
 
 class KafkaResultSink:

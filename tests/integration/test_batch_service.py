@@ -7,6 +7,7 @@ The whole flow with the real engine and the OpenAI SDK is in tests/e2e/test_batc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -34,9 +35,11 @@ from schemas.render import ChatRenderer
 from schemas.teams import TeamPolicy
 from tests.polling import eventually
 from topics import catalog
-from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaResultSink, KafkaTopicStream
+from topics.kafka import KafkaJobQueue, KafkaProducer, KafkaResultSink
+from topics.kafka_streams import kafka_broker, subscribe
 from topics.redis_backlog import RedisBacklog
 from topics.redis_token_bucket import RedisTokenBucket
+from topics.streams import BATCH_RESULTS
 
 pytestmark = pytest.mark.integration
 
@@ -171,12 +174,12 @@ async def test_collector_records_duplicates_once_survives_a_restart_and_finalize
     finalizer = BatchFinalizer(store, files, "test", lease_s=30)
 
     async def collect_until(recorded: int) -> ResultCollector:
-        stream = KafkaTopicStream(
-            kafka_bootstrap, catalog.RESULTS_TOPIC, group, "test", from_start=True
-        )
-        await stream.start()
-        collector = ResultCollector(stream, store, finalizer)
-        task = asyncio.create_task(collector.run())
+        # The batch service's results subscriber, in a group of the test's own.
+        stream = dataclasses.replace(BATCH_RESULTS, group=group)
+        streams = kafka_broker(kafka_bootstrap, "test")
+        collector = ResultCollector(store, finalizer)
+        subscribe(streams, stream, collector.handle)
+        await streams.start()
         try:
             await eventually(
                 lambda: store.get(batch.id),
@@ -187,10 +190,9 @@ async def test_collector_records_duplicates_once_survives_a_restart_and_finalize
                 within=20,
             )
         finally:
-            # The collector dies: its consumer stops (its loop ends at the next record), and
-            # whatever it had not committed is read again by the next one.
-            await stream.stop()
-            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
+            # The collector dies: its subscriber stops (between records), and whatever it
+            # had not committed is read again by the next one.
+            await asyncio.wait_for(streams.stop(), 30)
             await asyncio.wait_for(collector.drain(), 15)
         return collector
 
