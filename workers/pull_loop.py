@@ -13,6 +13,12 @@ Each turn of the loop:
 
 `stop()` drains: no more fetching or starting, running jobs finish (up to a grace period),
 offsets are committed; jobs still buffered stay uncommitted for the partition's next owner.
+
+This loop uses aiokafka's consumer directly, not FastStream like the other services that
+consume topics (`topics.kafka_streams`): it fetches only as much as the engine's KV headroom
+allows, pauses and resumes partitions per class, and commits each partition below its lowest
+unfinished job while later ones still run. A subscriber that is handed one record at a time
+and commits in order can express none of that.
 """
 
 from __future__ import annotations
