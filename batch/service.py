@@ -162,10 +162,12 @@ async def serve(settings: BatchSettings, stop: asyncio.Event) -> None:
     metrics = batch_exposition(
         BatchServiceCollector(store, fanout, collector, lambda: sweeper.active)
     )
+    freeze_startup_heap()
+    # Probes answer once the service is wholly up (its start-up work, the heap freeze
+    # included, is done): a caller that waits for /readyz then finds it settled.
     probes = _probe_server(settings, tasks, redis, streams.ping, metrics)
     if probes is not None:
         await probes.start()
-    freeze_startup_heap()
     log.info("batch_service_started", service_id=client_id)
     try:
         stopped = asyncio.create_task(stop.wait())

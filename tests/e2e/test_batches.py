@@ -17,6 +17,7 @@ import pytest
 from openai.types import Batch
 
 from llmq import services
+from llmq.services import LOCALHOST
 from tests.e2e.conftest import IDLE_MODEL, SMALL_TEAM_KEY, Stack
 
 pytestmark = pytest.mark.e2e
@@ -188,6 +189,7 @@ def test_killing_the_batch_service_and_gateway_mid_batch_loses_and_duplicates_no
     stack.processes.restart("gateway")
     stack.processes.restart("batch")
     stack.wait_ready()
+    stack.wait_ready(f"http://{LOCALHOST}:{stack.probe_ports['batch']}")  # wholly up again
     done = wait_for(client, batch.id, lambda b: b.status in FINAL, within=300)
     assert done.status == "completed", done
     assert done.request_counts is not None

@@ -273,7 +273,9 @@ def test_metrics_count_requests(stack: Stack) -> None:
     # The job topics' lag, read by the gateway's topic watcher at start and every 5 s since.
     assert _value(samples, "llmq_job_topic_lag", {"pool": stack.pool, "tier": "interactive"}) >= 0
     assert _value(samples, "llmq_relay_connected", {}) == 1
-    # The worker that served it counts it on its probe port.
+    # The worker that served it counts it on its probe port (the batch service, restarted
+    # by an earlier test, may still be starting: wait until it is up).
+    stack.wait_ready(_probe(stack, "batch"))
     worker = _samples(httpx.get(f"{_probe(stack, 'worker')}/metrics").text)
     replica = {"pool": stack.pool, "model": stack.model, "replica": "e2e-worker-0"}
     assert _value(worker, "llmq_worker_jobs_started_total", replica) >= 1
