@@ -91,9 +91,11 @@ def test_maximal_refused_requests_leave_no_memory_behind(
     """Memory left behind grows with every request; the allocator's high-water mark does not.
 
     The first rounds raise RSS once (each render thread's malloc arena grows to the largest
-    body it parsed, and glibc keeps freed arena memory mapped), so they are the warm-up; the
-    rounds after them must not raise it further. Keeping even one parsed body per request
-    (over 1 MiB of JSON, thousands of message objects) would add far more than is allowed.
+    body it parsed, and glibc keeps freed arena memory mapped, or returns some of it and takes
+    it again: measured [428, 462, 504, 462, 521, 521, 521, 521, 521] MiB), so they are the
+    warm-up; the 40 bodies after them must not raise RSS more than 40 MiB above its peak.
+    30 of them are parsed (the 413s never are): keeping each one's parsed form (1-2 MiB: the
+    decoded text, or thousands of message objects) would add 30-60 MiB.
     """
     pid = stack.processes.running["gateway"].pid
     rss = [_rss_bytes(pid)]
@@ -104,8 +106,8 @@ def test_maximal_refused_requests_leave_no_memory_behind(
     print("gateway RSS by round (MiB):", [round(r / 2**20) for r in rss])
     assert len(answers) == 4 * (WARM_UP_ROUNDS + MEASURED_ROUNDS)
     assert all(status in (400, 413) for status, _ in answers)
-    assert rss[-1] - rss[WARM_UP_ROUNDS] <= 32 * 2**20
+    assert rss[-1] - max(rss[: WARM_UP_ROUNDS + 1]) <= 40 * 2**20
 
 
-WARM_UP_ROUNDS = 3  # measured: 418, 455, 498, 514 MiB, then 514-525 over 4 more rounds
-MEASURED_ROUNDS = 5
+WARM_UP_ROUNDS = 3
+MEASURED_ROUNDS = 10
