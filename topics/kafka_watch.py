@@ -26,19 +26,34 @@ from topics.kafka_connection import client_kwargs
 class KafkaTopicWatch:
     """`lag()` and `tail()` over short-lived consumers (`TopicWatch`)."""
 
-    def __init__(self, bootstrap: str, client_id: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        client_id: str,
+        timeout_s: float = 5.0,
+        topics_ttl_s: float = 60.0,
+    ) -> None:
         self._bootstrap = bootstrap
         self._client_id = client_id
         self._timeout_s = timeout_s
+        self._topics_ttl_s = topics_ttl_s
+        self._counts: dict[str, int] = {}
+        self._counted_at = -float("inf")
 
-    async def partitions(self) -> dict[str, int]:
-        """Every topic on the broker and its partition count."""
-        found = await topic_partitions(self._bootstrap, self._client_id)
-        return {topic: len(ids) for topic, ids in found.items()}
+    async def partitions(self, wanted: Sequence[str] = ()) -> dict[str, int]:
+        """Every topic on the broker and its partition count. Described once per
+        `topics_ttl_s` (a refresh asks for several pools' topics), or again at once when a
+        wanted topic is not known yet (a pool registered since)."""
+        stale = time.monotonic() - self._counted_at > self._topics_ttl_s
+        if stale or any(topic not in self._counts for topic in wanted):
+            found = await topic_partitions(self._bootstrap, self._client_id)
+            self._counts = {topic: len(ids) for topic, ids in found.items()}
+            self._counted_at = time.monotonic()
+        return self._counts
 
     async def lag(self, group: str, topics: Sequence[str]) -> dict[str, int]:
         """Per topic (of those that exist), the records `group` has not committed yet."""
-        counts = await self.partitions()
+        counts = await self.partitions(topics)
         tps = [TopicPartition(t, p) for t in topics if t in counts for p in range(counts[t])]
         if not tps:
             return {}
@@ -62,7 +77,7 @@ class KafkaTopicWatch:
     async def tail(self, topic: str, last: int) -> tuple[int, list[bytes]]:
         """(records the topic holds, its last `last` record values over all partitions, by
         timestamp, newest last); (0, []) when it does not exist."""
-        count = (await self.partitions()).get(topic)
+        count = (await self.partitions([topic])).get(topic)
         if not count:
             return 0, []
         tps = [TopicPartition(topic, p) for p in range(count)]
