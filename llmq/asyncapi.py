@@ -93,16 +93,17 @@ REDIS_CHANNELS = [
 ]
 
 
-async def _documented_only(_: object) -> None:
-    """Stands for the handlers of channels FastStream does not consume at runtime."""
-    raise NotImplementedError
+async def _not_consumed_here(_: object) -> None:
+    """The document's brokers never connect, so their subscribers never receive a record:
+    the services register these same streams with their real handlers (`topics.streams`)."""
+    raise RuntimeError("the AsyncAPI document's broker does not consume")
 
 
 def specification() -> AsyncAPI:
     kafka: KafkaBroker = kafka_broker("kafka:9092", "llmq", graceful_timeout_s=0)
-    subscribe(kafka, BATCH_CONTROL, _documented_only)
-    subscribe(kafka, BATCH_RESULTS, _documented_only)
-    subscribe(kafka, USAGE, _documented_only)
+    subscribe(kafka, BATCH_CONTROL, _not_consumed_here)
+    subscribe(kafka, BATCH_RESULTS, _not_consumed_here)
+    subscribe(kafka, USAGE, _not_consumed_here)
     for channel, message, description in KAFKA_CHANNELS:
         kafka.publisher(channel, schema=message, title=channel, description=description)
     redis = RedisBroker("redis://redis:6379")
