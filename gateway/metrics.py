@@ -90,7 +90,7 @@ class GatewayMetrics:
             "llmq_ttft_prediction_abs_error_ratio",
             "|predicted - actual| / actual of admission's TTFT prediction.",
             ["model"],
-            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+            buckets=(0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0),
             registry=self.registry,
         )
         self.ttft_calibration = Gauge(

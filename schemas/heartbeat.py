@@ -35,6 +35,15 @@ class ReplicaHeartbeat(Message):
     reported)."""
     mean_job_s: float = 0.0
     """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
+    buffered: int = 0
+    """Jobs fetched and waiting in this worker for a slot (not yet in the engine)."""
+    prefill_waiting_tokens: int = 0
+    """Prompt tokens still to prefill: of jobs in the engine before their first token, and of
+    buffered jobs."""
+    slot_free_in_s: tuple[float, ...] = ()
+    """Per job in the engine, the seconds from `sent_at` until it is expected to end and free
+    its slot (its expected output tokens left at the recent decode step time, plus its prefill
+    if it has not started), soonest first; empty until a decode step has been timed."""
     adapters: tuple[str, ...] = ()
     """The LoRA adapters (`team/name`) its engine has loaded: routing prefers a replica that
     holds a job's adapter when it spills that adapter's requests off its home worker."""

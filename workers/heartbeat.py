@@ -39,9 +39,12 @@ class Heartbeat:
         self.engine: EngineClient | None = None
         self.partitions: Callable[[], list[str]] = list
         self.load: LoadTracker | None = None
+        self.buffered: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        """Jobs waiting in this worker for a slot, and their prompt tokens."""
 
     def current(self) -> ReplicaHeartbeat:
         stats = self.engine.stats() if self.engine is not None and self.state != "loading" else None
+        buffered, buffered_tokens = self.buffered()
         return ReplicaHeartbeat(
             replica_id=self._replica_id,
             pool=self._pool,
@@ -57,6 +60,10 @@ class Heartbeat:
             prefill_tokens_per_s=self._prefill_rate(stats),
             max_num_seqs=self._slots(),
             mean_job_s=self.load.mean_job_s() if self.load else 0.0,
+            buffered=buffered,
+            prefill_waiting_tokens=buffered_tokens
+            + (self.load.prefill_waiting_tokens() if self.load else 0),
+            slot_free_in_s=self.load.slot_ends_in_s() if self.load else (),
             adapters=stats.adapters if stats else (),
             engine=self._engine_kind,
             sent_at=time.time(),

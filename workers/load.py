@@ -23,6 +23,13 @@ from workers.step_time import StepTimeModel
 
 log = structlog.get_logger()
 
+TOKEN_GAP_WEIGHT = 0.05
+"""Weight of each new per-token gap in the decode step time's moving average."""
+
+OUTPUT_QUANTILE = 0.9
+"""A job is expected to produce this percentile of recent finished jobs' outputs, at most its
+max_tokens (most stop at an end-of-sequence well before a default max_tokens)."""
+
 SAMPLE_SPACING = 0.5
 """A step is sampled by the first job whose token it brings: a gap ending sooner than this
 fraction of itself after the last sample belongs to a step already sampled."""
@@ -84,6 +91,10 @@ class LoadTracker:
         self._prefills: deque[tuple[int, float]] = deque(maxlen=window)
         self._durations: deque[float] = deque(maxlen=window)
         """Seconds recent finished jobs held a slot, start to finish."""
+        self._outputs: deque[int] = deque(maxlen=window)
+        """Tokens recent finished jobs produced."""
+        self._token_gap_s = 0.0
+        """Moving average of the seconds between a running job's tokens (0: none timed)."""
         self._last_progress = clock()
         self.tpot_slo_s = tpot_slo_s
         self.step_times: StepTimeModel | None = None
@@ -142,6 +153,9 @@ class LoadTracker:
         elif new_tokens > 0:
             gap = now - progress.last_token_at
             progress.last_token_at = now
+            per_token = gap / new_tokens
+            average = self._token_gap_s or per_token
+            self._token_gap_s = average + TOKEN_GAP_WEIGHT * (per_token - average)
             if (
                 self.step_times is not None
                 and self._prefilling == 0  # no prefill chunk in this step
@@ -162,6 +176,7 @@ class LoadTracker:
         self._forget(progress)
         if progress.first_token_at is not None:
             self._durations.append(self._clock() - progress.started_at)
+            self._outputs.append(progress.produced)
 
     def _forget(self, progress: _Progress) -> None:
         """Take a job out of the step-timing counts."""
@@ -202,6 +217,29 @@ class LoadTracker:
         """Mean slot-holding time of recent jobs that ran (0 until one finished)."""
         return sum(self._durations) / len(self._durations) if self._durations else 0.0
 
+    def slot_ends_in_s(self) -> tuple[float, ...]:
+        """Per held job, the seconds until it is expected to end (soonest first): its expected
+        output tokens left at the decode step time of recent tokens, plus its prefill at the
+        measured rate if it has no first token yet. Empty until a step has been timed."""
+        step_s = self._token_gap_s
+        if step_s <= 0:
+            return ()
+        typical = _percentile(self._outputs, OUTPUT_QUANTILE)
+        rate = self.prefill_tokens_per_s()
+        ends = []
+        for p in self._jobs.values():
+            limit = p.job.sampling.max_tokens
+            expected = min(limit, max(typical, p.produced + 1)) if typical else limit
+            left_s = max(expected - p.produced, 0) * step_s
+            if p.first_token_at is None and rate > 0:
+                left_s += (p.prompt_tokens - p.cached_tokens) / rate
+            ends.append(round(left_s, 4))
+        return tuple(sorted(ends))
+
+    def prefill_waiting_tokens(self) -> int:
+        """Prompt tokens of held jobs that have not produced a token yet."""
+        return sum(p.prompt_tokens for p in self._jobs.values() if p.first_token_at is None)
+
     def not_started(self) -> set[str]:
         """Held jobs that have not produced a token yet (their KV use may not show yet)."""
         return {rid for rid, p in self._jobs.items() if p.first_token_at is None}
@@ -234,3 +272,11 @@ class LoadTracker:
             )
             for p in self._jobs.values()
         ]
+
+
+def _percentile(values: deque[int], quantile: float) -> int:
+    """The `quantile` of `values` (nearest rank; 0 when empty)."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]

@@ -123,6 +123,11 @@ class PullLoop:
     def buffered(self) -> int:
         return len(self._buffer) + (self._next is not None)
 
+    def buffered_prompt_tokens(self) -> int:
+        """Prompt tokens of the buffered jobs (all still to prefill)."""
+        held = [*self._buffer.items(), *([self._next] if self._next else [])]
+        return sum(len(f.job.prompt_token_ids) for f in held)
+
     @property
     def polling(self) -> bool:
         """False while every assigned partition is paused (a worker that has fetched all there

@@ -148,6 +148,7 @@ class Worker:
             self._loop = loop
             heartbeat.partitions = loop.assigned
             heartbeat.load = load
+            heartbeat.buffered = lambda: (loop.buffered, loop.buffered_prompt_tokens())
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)
             background.append(asyncio.create_task(listen_for_cancels(listener, loop)))

@@ -31,7 +31,10 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+from gateway.services.replica_wait import ReplicaWait
+from gateway.services.wait_fit import WaitFit
 from schemas.chat import Tier
 from schemas.heartbeat import ReplicaHeartbeat
 
@@ -91,6 +94,16 @@ class TtftPrediction:
     and the wait for a slot (0: nothing ahead and a slot free for it)."""
     prefill_s: float
     """This request's own prefill at the pool's rate."""
+    basis: Literal["pool", "replica"] = "pool"
+    """What it was made from: the pool's backlog (what admission's atomic limit holds), or
+    the slots of the replica the request was routed to (`gateway.services.replica_wait`);
+    each is calibrated on its own."""
+    slot_wait_s: float = 0.0
+    """With the replica basis: the part of `wait_s` spent waiting for a slot (the rest is
+    the prefill of prompts ahead)."""
+    pool_prediction: TtftPrediction | None = None
+    """With the replica basis: the pool's prediction for the same request (still learnt
+    from, as admission's queue limit uses it)."""
 
 
 class TtftPredictor:
@@ -202,6 +215,8 @@ class AdmissionController:
         self.predictor = predictor or TtftPredictor()
         self.default_slo_s = default_slo_s
         self.calibration = TtftCalibration()
+        self.replica_fit = WaitFit()
+        """What predictions made from the routed replica's slots learn (`predict_on_replica`)."""
         self.z = statistics.NormalDist().inv_cdf(quantile)
         """How many standard deviations of the wait's error admission allows for: a
         request is admitted when that percentile of its TTFT (not the typical one) meets
@@ -227,6 +242,45 @@ class AdmissionController:
         )
         ttft = self._overhead(pool) + prefill + self.calibration.factor(pool) * wait
         return TtftPrediction(ttft_s=ttft, wait_s=wait, prefill_s=prefill)
+
+    def predict_on_replica(
+        self,
+        *,
+        prompt_tokens: int,
+        wait: ReplicaWait,
+        prefill_tokens_per_s: float,
+        pool: str,
+        pool_prediction: TtftPrediction | None = None,
+    ) -> TtftPrediction:
+        """The calibrated prediction from the routed replica's raw waits (`replica_wait`)."""
+        prefill = prompt_tokens / self.predictor.rate(prefill_tokens_per_s)
+        line = self.replica_fit.line(pool, self._overhead(pool))
+        return TtftPrediction(
+            ttft_s=prefill + line.beyond_prefill_s(wait.slot_s, wait.prefill_ahead_s),
+            wait_s=wait.slot_s + wait.prefill_ahead_s,
+            prefill_s=prefill,
+            basis="replica",
+            slot_wait_s=wait.slot_s,
+            pool_prediction=pool_prediction,
+        )
+
+    def observe(self, pool: str, prediction: TtftPrediction, actual_s: float) -> float:
+        """Learn from one request's actual TTFT (each basis its own calibration); return the
+        pool calibration's factor."""
+        pool_prediction: TtftPrediction | None = prediction
+        if prediction.basis == "replica":
+            self.replica_fit.observe(
+                pool,
+                slot_wait_s=prediction.slot_wait_s,
+                prefill_ahead_s=prediction.wait_s - prediction.slot_wait_s,
+                beyond_prefill_s=actual_s - prediction.prefill_s,
+                actual_s=actual_s,
+                default_overhead_s=self._overhead(pool),
+            )
+            pool_prediction = prediction.pool_prediction
+        if pool_prediction is None:
+            return self.calibration.factor(pool)
+        return self.calibration.observe(pool, pool_prediction, actual_s, self.predictor.overhead_s)
 
     def job_units(
         self, *, prompt_tokens: int, prefill_tokens_per_s: float, slots: PoolSlots

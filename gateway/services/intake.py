@@ -29,11 +29,13 @@ from gateway.services.admission import (
 )
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
+from gateway.services.replica_wait import ReplicaSends, replica_wait
 from gateway.services.routing import PartitionRouter
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment, version_ref
 from schemas.generation import GenerationRequest
+from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import AdapterRef, Arm, CallerTags, InferenceJob, sampling_settings
 from schemas.render import BadTokenIds, ChatRenderer, NoFillInTheMiddle, PromptTooLong
 from schemas.tools import ToolPlan
@@ -97,6 +99,7 @@ class JobIntake:
         self._produce_timeout_s = produce_timeout_s
         self._offload = offload
         self._demand = demand
+        self._sends = ReplicaSends()
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
@@ -294,7 +297,29 @@ class JobIntake:
             adapter_demand=demand,
             spread_key=job.request_id,
         )
+        owner = next((r for r in replicas if r.replica_id == route.owner_replica_id), None)
+        if predicted is not None and owner is not None:
+            predicted = self._on_replica(owner, len(prompt), now, predicted) or predicted
+            self._sends.record(owner.replica_id, now, len(prompt))
         return AdmittedJob(job=job, partition=route.partition, prediction=predicted)
+
+    def _on_replica(
+        self, owner: ReplicaHeartbeat, prompt_tokens: int, now: float, pooled: TtftPrediction
+    ) -> TtftPrediction | None:
+        """The prediction from the routed replica's slots (None when its heartbeat cannot
+        tell: then the pool's prediction stands)."""
+        rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
+        sent = self._sends.since(owner.replica_id, owner.sent_at)
+        wait = replica_wait(owner, now=now, sent=sent, prefill_tokens_per_s=rate)
+        if wait is None:
+            return None
+        return self._admission.predict_on_replica(
+            prompt_tokens=prompt_tokens,
+            wait=wait,
+            prefill_tokens_per_s=rate,
+            pool=owner.pool,
+            pool_prediction=pooled,
+        )
 
     async def _render(self, model: str, request: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids, tokenized off the event loop; what cannot fit is refused
@@ -331,8 +356,7 @@ class JobIntake:
     def observe_ttft(self, pool: str, prediction: TtftPrediction, actual_s: float) -> float:
         """Calibrate the pool's TTFT predictions with one request's actual TTFT; return the
         pool's new calibration factor."""
-        overhead_s = self._admission.predictor.overhead_s
-        return self._admission.calibration.observe(pool, prediction, actual_s, overhead_s)
+        return self._admission.observe(pool, prediction, actual_s)
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""

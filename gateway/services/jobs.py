@@ -276,8 +276,20 @@ class JobRelay:
             completion_tokens=active.tokens,
             ttft_s=None if ttft is None else round(ttft, 4),
             e2e_s=round(now - active.arrived, 4),
-            predicted_ttft_s=_rounded(active.prediction),
+            **_predicted(active.prediction),
         )
+
+
+def _predicted(prediction: TtftPrediction | None) -> dict[str, float | str | None]:
+    """A prediction and its raw waits, for a request's last log line."""
+    if prediction is None:
+        return {"predicted_ttft_s": None}
+    return {
+        "predicted_ttft_s": round(prediction.ttft_s, 4),
+        "predicted_basis": prediction.basis,
+        "predicted_wait_s": round(prediction.wait_s, 4),
+        "predicted_slot_wait_s": round(prediction.slot_wait_s, 4),
+    }
 
 
 def _rounded(prediction: TtftPrediction | None) -> float | None:

@@ -171,15 +171,21 @@ def bucket_counts(metrics_text: str, metric: str = PREDICTION_METRIC) -> dict[fl
 def quantile_from_buckets(
     before: dict[float, float], after: dict[float, float], q: float
 ) -> float | None:
-    """The q-quantile (0-1) of what was observed between two scrapes, as the upper bound of
-    the bucket it falls in (inf: beyond the largest bucket); None when nothing was observed."""
+    """The q-quantile (0-1) of what was observed between two scrapes, interpolated linearly
+    within the bucket it falls in, as Prometheus's ``histogram_quantile`` does (the lowest
+    bucket starts at 0; inf: beyond the largest finite bucket); None when nothing was
+    observed."""
     delta = sorted((bound, after.get(bound, 0.0) - before.get(bound, 0.0)) for bound in after)
     total = delta[-1][1] if delta else 0.0
     if total <= 0:
         return None
+    lower, below = 0.0, 0.0
     for bound, count in delta:
         if count >= q * total:
-            return bound
+            if bound == float("inf") or count <= below:
+                return bound
+            return lower + (bound - lower) * (q * total - below) / (count - below)
+        lower, below = bound, count
     return float("inf")
 
 
@@ -318,7 +324,9 @@ def format_report(report: GoodputReport) -> str:
             f"{_ms(r.tpot_p50_s):>9}{_ms(r.tpot_p95_s):>6}"
             f"{_ratio(r.prediction_error_p50):>13}{_ratio(r.prediction_error_p95):>6}"
         )
-    lines.append("(prediction error: bucket upper bounds of |predicted - actual| / actual)")
+    lines.append(
+        "(prediction error: |predicted - actual| / actual, interpolated within its buckets)"
+    )
     lines.append("CPU seconds per 1,000 streamed tokens (the benchmark's own client excluded):")
     for r in report.results:
         if r.cpu_s_per_1k_tokens:

@@ -1,0 +1,101 @@
+"""A request's wait on the replica it is routed to, slot by slot: the per-worker half of
+admission's TTFT prediction.
+
+A worker's heartbeat says, per job in its engine, when that job is expected to end and free
+its slot (`slot_free_in_s`, counted from the heartbeat's `sent_at`), how many jobs wait in
+the worker for a slot (`buffered`) and the prompt tokens still to prefill. The gateway adds
+the jobs it has itself sent to that replica since that heartbeat (`ReplicaSends`), then plays
+the slots forward: each job ahead takes the soonest free slot and holds it for the replica's
+mean job time, and the request starts in the next slot to free. Its wait is that start plus
+the prefill of the prompts ahead of it at the replica's rate.
+
+What it cannot see: jobs other gateways sent since the heartbeat (the next heartbeat, within
+about half a second, shows them), and fair queuing in the worker letting another team's job
+start first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from schemas.heartbeat import ReplicaHeartbeat
+
+KEPT_S = 30.0
+"""How long a send is remembered (far longer than heartbeats take to show it)."""
+
+
+@dataclass(frozen=True)
+class RecentSends:
+    """Jobs this gateway sent to one replica since a moment, and their prompt tokens."""
+
+    jobs: int = 0
+    prompt_tokens: int = 0
+
+
+class ReplicaSends:
+    """The interactive jobs this gateway sent to each replica, by time: what that replica's
+    last heartbeat cannot show yet."""
+
+    def __init__(self) -> None:
+        self._sends: dict[str, deque[tuple[float, int]]] = {}
+
+    def record(self, replica_id: str, at: float, prompt_tokens: int) -> None:
+        sends = self._sends.setdefault(replica_id, deque())
+        sends.append((at, prompt_tokens))
+        while sends and sends[0][0] < at - KEPT_S:
+            sends.popleft()
+
+    def since(self, replica_id: str, at: float) -> RecentSends:
+        """What was sent to the replica after `at` (its heartbeat's `sent_at`)."""
+        jobs = tokens = 0
+        for sent_at, prompt_tokens in reversed(self._sends.get(replica_id, ())):
+            if sent_at <= at:
+                break
+            jobs += 1
+            tokens += prompt_tokens
+        return RecentSends(jobs, tokens)
+
+
+def slot_wait_s(replica: ReplicaHeartbeat, *, now: float, jobs_ahead: int) -> float | None:
+    """Seconds until a slot is free for a job with `jobs_ahead` jobs before it on `replica`,
+    each holding a slot for the replica's mean job time; None when the heartbeat does not say
+    (no slots reported, or jobs running whose ends are not timed yet)."""
+    slots = replica.max_num_seqs
+    ends = replica.slot_free_in_s
+    if slots <= 0 or (replica.in_flight > 0 and not ends):
+        return None
+    elapsed = min(max(now - replica.sent_at, 0.0), 60.0)
+    free_at = [max(end - elapsed, 0.0) for end in ends]
+    # Slots nobody holds are free now; sequences beyond the slots (a lowered TPOT cap) must
+    # end before anything starts, and free nothing usable.
+    heap = [0.0] * max(slots - len(free_at), 0) + free_at
+    heapq.heapify(heap)
+    for _ in range(max(len(free_at) - slots, 0)):
+        heapq.heappop(heap)
+    hold_s = replica.mean_job_s
+    for _ in range(jobs_ahead):
+        heapq.heappush(heap, heapq.heappop(heap) + hold_s)
+    return heap[0]
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """What is ahead of a request on a replica, in raw seconds."""
+
+    slot_s: float
+    """Until a slot is free for it."""
+    prefill_ahead_s: float
+    """The prefill of prompts ahead of it, at the replica's rate."""
+
+
+def replica_wait(
+    replica: ReplicaHeartbeat, *, now: float, sent: RecentSends, prefill_tokens_per_s: float
+) -> ReplicaWait | None:
+    """The raw waits before a request's own prefill on `replica` (None: see `slot_wait_s`)."""
+    slot_s = slot_wait_s(replica, now=now, jobs_ahead=replica.buffered + sent.jobs)
+    if slot_s is None:
+        return None
+    ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens
+    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s)

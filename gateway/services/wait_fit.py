@@ -1,0 +1,126 @@
+"""How actual TTFTs follow the predicted waits on a replica, learnt per pool: an
+exponentially weighted least-squares fit of
+
+    actual TTFT - own prefill = overhead + slot factor x slot wait + prefill factor x prefill ahead
+
+The parameters come out of one fit, so the overhead (the hop, the step that makes the first
+token) is learnt from every request, not only from those that had nothing ahead of them (on a
+busy pool few have). The two waits get factors of their own because they behave differently:
+a wait for a slot is served whole, while prompts queued ahead are mostly prefilled in the same
+engine steps as the request's own (chunked prefill batches them, and a step that reads the
+weights anyway costs little more for a few hundred prompt tokens), so their factor is
+usually far below 1. A weak prior holds both factors near 1 while the waits seen barely vary.
+Each request weighs 1 / its actual TTFT squared, so the fit minimises relative errors
+(how prediction error is judged) and a few long waits cannot drag the short TTFTs' overhead
+up. The spread of single requests around the fit (its residuals' moving root mean square, in
+seconds) is what admission's margin for a high percentile uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_ACTUAL_S = 0.005
+"""Actual TTFTs below this weigh as much as this one (a guard against tiny denominators)."""
+
+
+@dataclass(frozen=True)
+class WaitLine:
+    """The learnt parameters of one pool."""
+
+    overhead_s: float
+    slot_factor: float
+    prefill_factor: float
+
+    def beyond_prefill_s(self, slot_wait_s: float, prefill_ahead_s: float) -> float:
+        """The predicted TTFT less the request's own prefill."""
+        return (
+            self.overhead_s + self.slot_factor * slot_wait_s + self.prefill_factor * prefill_ahead_s
+        )
+
+
+@dataclass(slots=True)
+class _Sums:
+    """Exponentially weighted sums: weight, means' numerators and second moments."""
+
+    weight: float = 0.0
+    x1: float = 0.0
+    x2: float = 0.0
+    y: float = 0.0
+    x1x1: float = 0.0
+    x2x2: float = 0.0
+    x1x2: float = 0.0
+    x1y: float = 0.0
+    x2y: float = 0.0
+    count: float = 0.0
+    squared_error: float = 0.0
+
+
+class WaitFit:
+    """Per pool, the fit in the module docstring; samples weigh ``decay`` less per later one."""
+
+    def __init__(
+        self, *, decay: float = 0.97, prior_s2: float = 1e-4, max_factor: float = 8.0
+    ) -> None:
+        if not 0 < decay < 1 or prior_s2 <= 0 or max_factor < 1:
+            raise ValueError("decay lies in (0, 1), the prior is positive, max_factor >= 1")
+        self.decay = decay
+        self.prior_s2 = prior_s2
+        """How strongly the factors are held at 1: a variance of waits, in s^2."""
+        self.max_factor = max_factor
+        self._sums: dict[str, _Sums] = {}
+
+    def line(self, pool: str, default_overhead_s: float) -> WaitLine:
+        """The pool's parameters: ``default_overhead_s`` and factors of 1 until a sample."""
+        s = self._sums.get(pool)
+        if s is None or s.weight <= 0:
+            return WaitLine(default_overhead_s, 1.0, 1.0)
+        w = s.weight
+        m1, m2, my = s.x1 / w, s.x2 / w, s.y / w
+        prior = self.prior_s2
+        # Ridge normal equations on centred data, pulled towards factors of 1.
+        a11 = s.x1x1 / w - m1 * m1 + prior
+        a22 = s.x2x2 / w - m2 * m2 + prior
+        a12 = s.x1x2 / w - m1 * m2
+        b1 = s.x1y / w - m1 * my + prior
+        b2 = s.x2y / w - m2 * my + prior
+        det = a11 * a22 - a12 * a12
+        slot = (b1 * a22 - b2 * a12) / det
+        prefill = (a11 * b2 - a12 * b1) / det
+        slot = min(max(slot, 0.25), self.max_factor)
+        prefill = min(max(prefill, 0.0), self.max_factor)
+        return WaitLine(max(my - slot * m1 - prefill * m2, 0.0), slot, prefill)
+
+    def spread_s(self, pool: str) -> float:
+        """Root mean square of recent residuals, in seconds (0 until measured)."""
+        s = self._sums.get(pool)
+        return math.sqrt(s.squared_error / s.count) if s and s.count else 0.0
+
+    def observe(
+        self,
+        pool: str,
+        *,
+        slot_wait_s: float,
+        prefill_ahead_s: float,
+        beyond_prefill_s: float,
+        actual_s: float,
+        default_overhead_s: float,
+    ) -> None:
+        """One request: its predicted waits, its actual TTFT, and that less its own prefill."""
+        predicted = self.line(pool, default_overhead_s).beyond_prefill_s(
+            slot_wait_s, prefill_ahead_s
+        )
+        error = beyond_prefill_s - predicted
+        s = self._sums.setdefault(pool, _Sums())
+        k = self.decay
+        v = 1 / max(actual_s, MIN_ACTUAL_S) ** 2
+        x1, x2, y = slot_wait_s, prefill_ahead_s, beyond_prefill_s
+        s.weight = s.weight * k + v
+        s.x1, s.x2, s.y = s.x1 * k + v * x1, s.x2 * k + v * x2, s.y * k + v * y
+        s.x1x1 = s.x1x1 * k + v * x1 * x1
+        s.x2x2 = s.x2x2 * k + v * x2 * x2
+        s.x1x2 = s.x1x2 * k + v * x1 * x2
+        s.x1y, s.x2y = s.x1y * k + v * x1 * y, s.x2y * k + v * x2 * y
+        s.count = s.count * k + 1
+        s.squared_error = s.squared_error * k + error * error
