@@ -61,7 +61,7 @@ class WaitFit:
     """Per pool, the fit in the module docstring; samples weigh ``decay`` less per later one."""
 
     def __init__(
-        self, *, decay: float = 0.97, prior_s2: float = 1e-4, max_factor: float = 8.0
+        self, *, decay: float = 0.97, prior_s2: float = 2.5e-5, max_factor: float = 8.0
     ) -> None:
         if not 0 < decay < 1 or prior_s2 <= 0 or max_factor < 1:
             raise ValueError("decay lies in (0, 1), the prior is positive, max_factor >= 1")

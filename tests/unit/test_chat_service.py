@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import CancelEvent, FinishEvent, InferenceJob, TokenEvent, UsageCounts
 from schemas.render import ChatRenderer
+from topics import catalog
 from topics.ports import BacklogAdmission, BucketDecision, JobReceipt
 from topics.redis_relay import RedisReplyRelay
 
@@ -147,10 +149,11 @@ async def _service(
     bucket: OpenBucket | None = None,
     max_model_len: int = 20,
     produce_timeout_s: float = 5.0,
+    directory: Directory | None = None,
 ) -> tuple[ChatService, ScriptedQueue, Cancels]:
     relay = RedisReplyRelay(redis=None, gateway_id="g")  # type: ignore[arg-type]
     relay.connected = True
-    view = ReplicaView(Directory("p") if ready else Directory(), refresh_s=1)
+    view = ReplicaView(directory or (Directory("p") if ready else Directory()), refresh_s=1)
     await view.refresh()
     registry = ModelRegistry(
         [Deployment(name="m", path="/none", pool="p", max_model_len=max_model_len)], view
@@ -362,6 +365,41 @@ async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
     assert error == pytest.approx(abs(active.prediction.ttft_s - actual) / actual)
     signed = registry.get_sample_value("llmq_ttft_prediction_error_ratio_count", {"model": "m"})
     assert signed == 1
+
+
+async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
+    directory = Directory()
+    topic = catalog.job_topic("p", "interactive")
+    directory.beats = [
+        ReplicaHeartbeat(
+            replica_id="r",
+            pool="p",
+            model="m",
+            state="ready",
+            partitions=tuple(f"{topic}:{n}" for n in range(4)),
+            max_num_seqs=2,
+            in_flight=2,
+            mean_job_s=1.0,
+            slot_free_in_s=(0.3, 0.5),
+            prefill_tokens_per_s=2_000,
+            sent_at=time.time(),
+        )
+    ]
+    service, _, _ = await _service(directory=directory)
+    first = await service.start(_req(), Team("t"))
+    second = await service.start(_req(), Team("t"))
+    assert first.prediction is not None and second.prediction is not None
+    assert first.prediction.basis == "replica"
+    assert first.prediction.pool_prediction is not None  # still learnt from, for the limit
+    # Both slots busy: the first waits for the sooner end; the second, sent after the
+    # heartbeat, is behind the first and takes the other slot.
+    # (the heartbeat ages by the test's milliseconds)
+    assert first.prediction.slot_wait_s == pytest.approx(0.3, abs=0.05)
+    assert second.prediction.slot_wait_s == pytest.approx(0.5, abs=0.05)
+    # and the first request's prompt (2 tokens) is still to prefill ahead of the second
+    prefill_ahead = second.prediction.wait_s - second.prediction.slot_wait_s
+    assert prefill_ahead == pytest.approx(2 / 2_000)
+    assert second.prediction.ttft_s > first.prediction.ttft_s
 
 
 def _samples(service: ChatService, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -1,0 +1,151 @@
+"""The per-replica half of the TTFT prediction: slots played forward, sends since a heartbeat,
+the weighted fit, and the slot ends a worker reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.services.replica_wait import RecentSends, ReplicaSends, replica_wait, slot_wait_s
+from gateway.services.wait_fit import WaitFit
+from schemas.heartbeat import ReplicaHeartbeat
+from tests.unit.test_step_time import FakeClock, job
+from workers.load import LoadTracker
+
+
+def beat(**fields: object) -> ReplicaHeartbeat:
+    values: dict[str, object] = {
+        "replica_id": "r",
+        "pool": "p",
+        "model": "m",
+        "state": "ready",
+        "max_num_seqs": 3,
+        "mean_job_s": 1.0,
+        "sent_at": 100.0,
+    }
+    values.update(fields)
+    return ReplicaHeartbeat.model_validate(values)
+
+
+def test_a_free_slot_means_no_wait() -> None:
+    replica = beat(in_flight=2, slot_free_in_s=(0.4, 0.9))
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=0) == 0.0
+    # one job ahead takes the free slot; the next frees 0.4 s after the heartbeat
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=1) == pytest.approx(0.4)
+    # the heartbeat is 0.1 s old: that end is 0.1 s nearer
+    assert slot_wait_s(replica, now=100.1, jobs_ahead=1) == pytest.approx(0.3)
+
+
+def test_jobs_ahead_hold_the_slots_they_take_for_the_mean_job_time() -> None:
+    replica = beat(in_flight=3, slot_free_in_s=(0.2, 0.5, 0.7))
+    # ahead: three jobs take the slots freeing at 0.2, 0.5, 0.7 and hold them 1 s each
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=3) == pytest.approx(1.2)
+    # ends in the past count as free now
+    assert slot_wait_s(replica, now=101.0, jobs_ahead=0) == 0.0
+
+
+def test_sequences_beyond_a_lowered_cap_must_end_first() -> None:
+    # four run but the TPOT cap allows two: two must end before one can start
+    replica = beat(max_num_seqs=2, in_flight=4, slot_free_in_s=(0.1, 0.2, 0.3, 0.4))
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=0) == pytest.approx(0.3)
+
+
+def test_no_slot_prediction_without_timed_ends() -> None:
+    assert slot_wait_s(beat(in_flight=2), now=100.0, jobs_ahead=0) is None  # not timed yet
+    assert slot_wait_s(beat(max_num_seqs=0), now=100.0, jobs_ahead=0) is None
+    assert slot_wait_s(beat(), now=100.0, jobs_ahead=0) == 0.0  # idle: nothing to time
+
+
+def test_replica_wait_adds_the_prompts_ahead() -> None:
+    replica = beat(in_flight=3, buffered=1, prefill_waiting_tokens=500, slot_free_in_s=(0.2,) * 3)
+    wait = replica_wait(replica, now=100.0, sent=RecentSends(1, 1_500), prefill_tokens_per_s=1_000)
+    assert wait is not None
+    assert wait.slot_s == pytest.approx(0.2)  # two ahead (buffered + sent) take 0.2 s slots
+    assert wait.prefill_ahead_s == pytest.approx(2.0)  # 2,000 tokens at 1,000/s
+
+
+def test_sends_since_a_heartbeat() -> None:
+    sends = ReplicaSends()
+    sends.record("r", 10.0, 100)
+    sends.record("r", 11.0, 200)
+    sends.record("other", 11.5, 50)
+    assert sends.since("r", 10.5) == RecentSends(1, 200)
+    assert sends.since("r", 9.0) == RecentSends(2, 300)
+    assert sends.since("r", 11.0) == RecentSends()
+    assert sends.since("unknown", 0.0) == RecentSends()
+    sends.record("r", 60.0, 1)  # older than 30 s: forgotten
+    assert sends.since("r", 0.0) == RecentSends(1, 1)
+
+
+def test_the_fit_learns_overhead_and_both_factors() -> None:
+    fit = WaitFit()
+    line = fit.line("p", 0.05)
+    assert (line.overhead_s, line.slot_factor, line.prefill_factor) == (0.05, 1.0, 1.0)
+    # slot waits are served at 1.2x, prompts ahead cost a tenth of their prefill time
+    for i in range(200):
+        slot, prefill = (i % 7) * 0.05, (i % 5) * 0.02
+        actual = 0.03 + 1.2 * slot + 0.1 * prefill
+        fit.observe(
+            "p",
+            slot_wait_s=slot,
+            prefill_ahead_s=prefill,
+            beyond_prefill_s=actual,
+            actual_s=actual,
+            default_overhead_s=0.05,
+        )
+    line = fit.line("p", 0.05)
+    assert line.overhead_s == pytest.approx(0.03, abs=0.003)
+    assert line.slot_factor == pytest.approx(1.2, abs=0.02)
+    assert line.prefill_factor == pytest.approx(0.1, abs=0.1)  # the prior pulls towards 1
+    assert fit.spread_s("p") < 0.01
+    assert fit.line("other", 0.05).overhead_s == 0.05  # pools learn apart
+
+
+def test_the_fit_weighs_relative_errors() -> None:
+    """A few long, unpredicted waits barely move the overhead that short TTFTs show."""
+    fit = WaitFit()
+    for i in range(100):
+        actual = 0.5 if i % 10 == 0 else 0.03  # every tenth waited unforeseen
+        fit.observe(
+            "p",
+            slot_wait_s=0.0,
+            prefill_ahead_s=0.0,
+            beyond_prefill_s=actual,
+            actual_s=actual,
+            default_overhead_s=0.05,
+        )
+    assert fit.line("p", 0.05).overhead_s < 0.04  # the unweighted mean would be 0.077
+    assert fit.spread_s("p") > 0.1  # and the spread shows the misses, for the margin
+
+
+def test_a_worker_reports_when_its_jobs_will_end() -> None:
+    clock = FakeClock()
+    tracker = LoadTracker(clock=clock)
+    tracker.started(job("a", prompt=100, max_tokens=10))
+    assert tracker.slot_ends_in_s() == ()  # no step timed yet
+    assert tracker.prefill_waiting_tokens() == 100
+    clock.now += 0.1
+    tracker.produced("a", 1, 0)
+    for _ in range(4):
+        clock.now += 0.02
+        tracker.produced("a", 1, 0)  # 5 of 10 tokens at 20 ms each
+    tracker.started(job("b", prompt=400, max_tokens=4))
+    ends = tracker.slot_ends_in_s()
+    # "b": 4 tokens at 20 ms plus its prefill (100 tokens in 0.1 s: 1,000/s); "a": 5 left
+    assert ends == pytest.approx((5 * 0.02, 4 * 0.02 + 400 / 1_000))
+    assert tracker.prefill_waiting_tokens() == 400
+
+
+def test_expected_outputs_follow_recent_jobs_not_a_huge_max_tokens() -> None:
+    clock = FakeClock()
+    tracker = LoadTracker(clock=clock)
+    for n in range(10):  # ten jobs that stopped after 3 tokens of 1,000 allowed
+        tracker.started(job(f"done{n}", max_tokens=1_000))
+        for _ in range(3):
+            clock.now += 0.01
+            tracker.produced(f"done{n}", 1, 0)
+        tracker.finished(f"done{n}")
+    tracker.started(job("new", max_tokens=1_000))
+    clock.now += 0.01
+    tracker.produced("new", 1, 0)
+    (end,) = tracker.slot_ends_in_s()
+    assert end == pytest.approx(2 * 0.01, abs=0.002)  # 3 expected, 1 produced
