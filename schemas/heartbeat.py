@@ -35,6 +35,11 @@ class ReplicaHeartbeat(Message):
     reported)."""
     mean_job_s: float = 0.0
     """How long recent jobs held a slot, start to finish (mean); 0 until one finished."""
+    slot_reserve: int = 0
+    """Of `max_num_seqs`, the slots a team already holding a job here leaves free for teams
+    holding none."""
+    teams_running: tuple[str, ...] = ()
+    """The teams holding jobs here (names only)."""
     buffered: int = 0
     """Jobs fetched and waiting in this worker for a slot (not yet in the engine)."""
     prefill_waiting_tokens: int = 0

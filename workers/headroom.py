@@ -289,7 +289,12 @@ class HeadroomPolicy:
         return max(1, cap, math.ceil(self.team_share(load, team) / 2 - 1e-9))
 
     def _reserve(self, load: EngineLoad) -> int:
-        return self.team_slot_reserve if load.max_num_seqs > 2 * self.team_slot_reserve else 0
+        return self.slot_reserve(load.max_num_seqs)
+
+    def slot_reserve(self, max_num_seqs: int) -> int:
+        """The slots a team already holding a job here leaves free for teams holding none
+        (none on a replica too small to spare them)."""
+        return self.team_slot_reserve if max_num_seqs > 2 * self.team_slot_reserve else 0
 
     def can_start(
         self, load: EngineLoad, job_tokens: int, tier: Tier, team: str | None = None

@@ -41,10 +41,13 @@ class Heartbeat:
         self.load: LoadTracker | None = None
         self.buffered: Callable[[], tuple[int, int]] = lambda: (0, 0)
         """Jobs waiting in this worker for a slot, and their prompt tokens."""
+        self.slot_reserve: Callable[[int], int] = lambda max_num_seqs: 0
+        """The slots a team holding a job leaves to others (`HeadroomPolicy.slot_reserve`)."""
 
     def current(self) -> ReplicaHeartbeat:
         stats = self.engine.stats() if self.engine is not None and self.state != "loading" else None
         buffered, buffered_tokens = self.buffered()
+        slots = self._slots()
         return ReplicaHeartbeat(
             replica_id=self._replica_id,
             pool=self._pool,
@@ -58,7 +61,9 @@ class Heartbeat:
             in_flight=self.load.in_flight if self.load else 0,
             outstanding_tokens=self.load.outstanding_tokens() if self.load else 0,
             prefill_tokens_per_s=self._prefill_rate(stats),
-            max_num_seqs=self._slots(),
+            max_num_seqs=slots,
+            slot_reserve=self.slot_reserve(slots),
+            teams_running=self.load.teams() if self.load else (),
             mean_job_s=self.load.mean_job_s() if self.load else 0.0,
             buffered=buffered,
             prefill_waiting_tokens=buffered_tokens

@@ -236,6 +236,10 @@ class LoadTracker:
             ends.append(round(left_s, 4))
         return tuple(sorted(ends))
 
+    def teams(self) -> tuple[str, ...]:
+        """The teams of the held jobs, sorted."""
+        return tuple(sorted({p.job.team for p in self._jobs.values()}))
+
     def prefill_waiting_tokens(self) -> int:
         """Prompt tokens of held jobs that have not produced a token yet."""
         return sum(p.prompt_tokens for p in self._jobs.values() if p.first_token_at is None)

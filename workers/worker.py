@@ -127,6 +127,11 @@ class Worker:
                 max_failed_runs=settings.max_failed_runs,
                 start=RedisJobStart(redis, backlog, attempts),
             )
+            policy = HeadroomPolicy(
+                batch_kv_watermark=settings.batch_kv_watermark,
+                batch_max_in_flight=settings.batch_max_in_flight,
+                team_slot_reserve=settings.team_slot_reserve,
+            )
             loop = PullLoop(
                 consumer,
                 self.engine,
@@ -135,11 +140,7 @@ class Worker:
                 requeue=AnnouncedJobQueue(KafkaJobQueue(producer), RedisJobWake(redis)),
                 dead_letters=dead_letters,
                 load=load,
-                policy=HeadroomPolicy(
-                    batch_kv_watermark=settings.batch_kv_watermark,
-                    batch_max_in_flight=settings.batch_max_in_flight,
-                    team_slot_reserve=settings.team_slot_reserve,
-                ),
+                policy=policy,
                 fair_lookahead=settings.fair_lookahead,
                 teams=teams,
                 idle_fetch_interval_s=settings.idle_fetch_interval_s or None,
@@ -149,6 +150,7 @@ class Worker:
             heartbeat.partitions = loop.assigned
             heartbeat.load = load
             heartbeat.buffered = lambda: (loop.buffered, loop.buffered_prompt_tokens())
+            heartbeat.slot_reserve = policy.slot_reserve
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)
             background.append(asyncio.create_task(listen_for_cancels(listener, loop)))

@@ -299,22 +299,24 @@ class JobIntake:
         )
         owner = next((r for r in replicas if r.replica_id == route.owner_replica_id), None)
         if predicted is not None and owner is not None:
-            predicted = self._on_replica(owner, len(prompt), now, predicted) or predicted
+            predicted = self._on_replica(owner, job, predicted) or predicted
             self._sends.record(owner.replica_id, now, len(prompt))
         return AdmittedJob(job=job, partition=route.partition, prediction=predicted)
 
     def _on_replica(
-        self, owner: ReplicaHeartbeat, prompt_tokens: int, now: float, pooled: TtftPrediction
+        self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction
     ) -> TtftPrediction | None:
         """The prediction from the routed replica's slots (None when its heartbeat cannot
         tell: then the pool's prediction stands)."""
         rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
         sent = self._sends.since(owner.replica_id, owner.sent_at)
-        wait = replica_wait(owner, now=now, sent=sent, prefill_tokens_per_s=rate)
+        wait = replica_wait(
+            owner, now=job.created_at, sent=sent, prefill_tokens_per_s=rate, team=job.team
+        )
         if wait is None:
             return None
         return self._admission.predict_on_replica(
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(job.prompt_token_ids),
             wait=wait,
             prefill_tokens_per_s=rate,
             pool=owner.pool,

@@ -58,11 +58,16 @@ class ReplicaSends:
         return RecentSends(jobs, tokens)
 
 
-def slot_wait_s(replica: ReplicaHeartbeat, *, now: float, jobs_ahead: int) -> float | None:
-    """Seconds until a slot is free for a job with `jobs_ahead` jobs before it on `replica`,
-    each holding a slot for the replica's mean job time; None when the heartbeat does not say
-    (no slots reported, or jobs running whose ends are not timed yet)."""
+def slot_wait_s(
+    replica: ReplicaHeartbeat, *, now: float, jobs_ahead: int, team: str = ""
+) -> float | None:
+    """Seconds until a slot is free for a job of `team` with `jobs_ahead` jobs before it on
+    `replica`, each holding a slot for the replica's mean job time; None when the heartbeat
+    does not say (no slots reported, or jobs running whose ends are not timed yet). A team
+    already holding jobs there leaves the replica's reserve free."""
     slots = replica.max_num_seqs
+    if team in replica.teams_running:
+        slots -= replica.slot_reserve
     ends = replica.slot_free_in_s
     if slots <= 0 or (replica.in_flight > 0 and not ends):
         return None
@@ -91,10 +96,16 @@ class ReplicaWait:
 
 
 def replica_wait(
-    replica: ReplicaHeartbeat, *, now: float, sent: RecentSends, prefill_tokens_per_s: float
+    replica: ReplicaHeartbeat,
+    *,
+    now: float,
+    sent: RecentSends,
+    prefill_tokens_per_s: float,
+    team: str = "",
 ) -> ReplicaWait | None:
     """The raw waits before a request's own prefill on `replica` (None: see `slot_wait_s`)."""
-    slot_s = slot_wait_s(replica, now=now, jobs_ahead=replica.buffered + sent.jobs)
+    jobs_ahead = replica.buffered + sent.jobs
+    slot_s = slot_wait_s(replica, now=now, jobs_ahead=jobs_ahead, team=team)
     if slot_s is None:
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens

@@ -149,3 +149,9 @@ def test_expected_outputs_follow_recent_jobs_not_a_huge_max_tokens() -> None:
     tracker.produced("new", 1, 0)
     (end,) = tracker.slot_ends_in_s()
     assert end == pytest.approx(2 * 0.01, abs=0.002)  # 3 expected, 1 produced
+
+
+def test_a_team_holding_jobs_leaves_the_reserve_free() -> None:
+    replica = beat(in_flight=2, slot_free_in_s=(0.4, 0.9), slot_reserve=1, teams_running=("a",))
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=0, team="b") == 0.0  # the reserve
+    assert slot_wait_s(replica, now=100.0, jobs_ahead=0, team="a") == pytest.approx(0.4)
