@@ -40,8 +40,8 @@ class ReplicaHeartbeat(Message):
     holding none."""
     teams_running: tuple[str, ...] = ()
     """The teams holding jobs here (names only)."""
-    buffered: int = 0
-    """Jobs fetched and waiting in this worker for a slot (not yet in the engine)."""
+    buffered: dict[str, int] = {}
+    """Jobs fetched and waiting in this worker for a slot (not yet in the engine), by team."""
     prefill_waiting_tokens: int = 0
     """Prompt tokens still to prefill: of jobs in the engine before their first token, and of
     buffered jobs."""

@@ -39,8 +39,8 @@ class Heartbeat:
         self.engine: EngineClient | None = None
         self.partitions: Callable[[], list[str]] = list
         self.load: LoadTracker | None = None
-        self.buffered: Callable[[], tuple[int, int]] = lambda: (0, 0)
-        """Jobs waiting in this worker for a slot, and their prompt tokens."""
+        self.buffered: Callable[[], tuple[dict[str, int], int]] = lambda: ({}, 0)
+        """Jobs waiting in this worker for a slot by team, and their prompt tokens."""
         self.slot_reserve: Callable[[int], int] = lambda max_num_seqs: 0
         """The slots a team holding a job leaves to others (`HeadroomPolicy.slot_reserve`)."""
 

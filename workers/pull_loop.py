@@ -123,10 +123,13 @@ class PullLoop:
     def buffered(self) -> int:
         return len(self._buffer) + (self._next is not None)
 
-    def buffered_prompt_tokens(self) -> int:
-        """Prompt tokens of the buffered jobs (all still to prefill)."""
+    def buffered_by_team(self) -> tuple[dict[str, int], int]:
+        """The buffered jobs by team, and their prompt tokens (all still to prefill)."""
         held = [*self._buffer.items(), *([self._next] if self._next else [])]
-        return sum(len(f.job.prompt_token_ids) for f in held)
+        teams: dict[str, int] = {}
+        for fetched in held:
+            teams[fetched.job.team] = teams.get(fetched.job.team, 0) + 1
+        return teams, sum(len(f.job.prompt_token_ids) for f in held)
 
     @property
     def polling(self) -> bool:

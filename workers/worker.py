@@ -149,7 +149,7 @@ class Worker:
             self._loop = loop
             heartbeat.partitions = loop.assigned
             heartbeat.load = load
-            heartbeat.buffered = lambda: (loop.buffered, loop.buffered_prompt_tokens())
+            heartbeat.buffered = loop.buffered_by_team
             heartbeat.slot_reserve = policy.slot_reserve
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)

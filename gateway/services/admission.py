@@ -296,12 +296,13 @@ class AdmissionController:
         slo_s: float | None = None,
         pool: str = "",
         slots: PoolSlots = PoolSlots(),
+        margin: bool = True,
     ) -> int:
         """The most queued units (this request's `job_units` included) that still meet the
-        SLO. The backlog adapter applies it atomically, so concurrent admissions cannot
-        overshoot."""
+        SLO (its admitted percentile, or without ``margin`` its typical value). The backlog
+        adapter applies it atomically, so concurrent admissions cannot overshoot."""
         rate = self.predictor.rate(prefill_tokens_per_s)
-        wait_budget_s = self._wait_budget_s(pool, prompt_tokens / rate, slo_s)
+        wait_budget_s = self._wait_budget_s(pool, prompt_tokens / rate, slo_s, margin)
         credit = slots.total * slots.slot_tokens(rate)
         return math.floor(wait_budget_s * rate + _EPSILON) + prompt_tokens + credit
 
@@ -327,22 +328,35 @@ class AdmissionController:
         predicted = prediction.ttft_s
         if tier == "batch":
             return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        excess_s = prediction.wait_s - self._wait_budget_s(pool, prediction.prefill_s, slo_s)
-        if excess_s <= _EPSILON:
-            return AdmissionDecision(admitted=True, predicted_ttft_s=predicted)
-        retry_after = max(1, math.ceil(excess_s - _EPSILON))
+        retry_after = self.retry_after(prediction, slo_s, pool)
         return AdmissionDecision(
-            admitted=False, predicted_ttft_s=predicted, retry_after_s=retry_after
+            admitted=retry_after is None, predicted_ttft_s=predicted, retry_after_s=retry_after
         )
+
+    def retry_after(self, prediction: TtftPrediction, slo_s: float | None, pool: str) -> int | None:
+        """None when the admitted percentile of `prediction` meets the SLO (or nothing is
+        ahead of it: a prompt too long for the SLO is admitted once nothing waits), else
+        the whole seconds to wait before retrying. A replica-basis prediction is judged with
+        its own fit's spread."""
+        if prediction.basis == "pool":
+            budget_s = self._wait_budget_s(pool, prediction.prefill_s, slo_s)
+            excess_s = prediction.wait_s - budget_s
+        else:
+            slo = self.default_slo_s if slo_s is None else slo_s
+            high_s = prediction.ttft_s + self.z * self.replica_fit.spread_s(pool)
+            excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
+        return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))
 
     def _overhead(self, pool: str) -> float:
         return self.calibration.overhead(pool, self.predictor.overhead_s)
 
-    def _wait_budget_s(self, pool: str, prefill_s: float, slo_s: float | None) -> float:
+    def _wait_budget_s(
+        self, pool: str, prefill_s: float, slo_s: float | None, margin: bool = True
+    ) -> float:
         """The raw wait that still meets the SLO: (SLO - overhead - own prefill - the margin
         for the admitted percentile) / factor, never below 0 (a prompt too long for the SLO
         is admitted once nothing is ahead)."""
         slo = self.default_slo_s if slo_s is None else slo_s
-        margin_s = self.z * self.calibration.spread_s(pool)
+        margin_s = self.z * self.calibration.spread_s(pool) if margin else 0.0
         left = slo - self._overhead(pool) - prefill_s - margin_s
         return max(left / self.calibration.factor(pool), 0.0)

@@ -29,8 +29,8 @@ from gateway.services.admission import (
 )
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry
-from gateway.services.replica_wait import ReplicaSends, replica_wait
-from gateway.services.routing import PartitionRouter
+from gateway.services.replica_admission import ReplicaAdmission, shed
+from gateway.services.routing import PartitionRouter, RouteDecision
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.deployment import Deployment, version_ref
@@ -99,7 +99,7 @@ class JobIntake:
         self._produce_timeout_s = produce_timeout_s
         self._offload = offload
         self._demand = demand
-        self._sends = ReplicaSends()
+        self._second_look = ReplicaAdmission(admission)
 
     async def admit(self, request: ChatCompletionRequest, team: Team, reply_to: str) -> AdmittedJob:
         """A chat request up to producing: refusals are raised as `ApiError`s."""
@@ -194,6 +194,7 @@ class JobIntake:
                 slo_s=deployment.ttft_slo_s,
                 pool=pool,
                 slots=slots,
+                margin=False,  # the typical TTFT here; its percentile after routing
             )
             outcome = await self._backlog.try_add(
                 pool, tier, units, limit, team=team.name, waiting_tokens=len(prompt)
@@ -210,20 +211,8 @@ class JobIntake:
                     pool=pool,
                     slots=slots,
                 )
-                log.info(
-                    "request_shed",
-                    team=team.name,
-                    pool=deployment.pool,
-                    predicted_ttft_s=round(decision.predicted_ttft_s, 3),
-                )
-                raise too_many_requests(
-                    f"`{deployment.name}` is at capacity for interactive requests: the "
-                    f"predicted time to first token is {decision.predicted_ttft_s:.2f}s "
-                    f"against an SLO of {deployment.ttft_slo_s:.2f}s. Retry later, or use "
-                    'tier "batch".',
-                    decision.retry_after_s or 1,
-                    "overloaded",
-                )
+                retry_after = decision.retry_after_s or 1
+                raise shed(deployment, team.name, decision.predicted_ttft_s, retry_after)
 
             predicted = self._admission.predict(
                 prompt_tokens=len(prompt),
@@ -279,48 +268,41 @@ class JobIntake:
             cache_salt=deployment.cache_salt(team.name, request.cache_salt),
             caller=CallerTags.of(request),
         )
-        if self._router is None:  # random routing: the broker's partitioner decides
-            return AdmittedJob(job=job, partition=None, prediction=predicted)
-        partitions = await self._queue.partitions(deployment.pool, tier)
+        route = await self._route(request, job, replicas)
+        owner_id = route.owner_replica_id if route is not None else None
+        if predicted is not None:
+            owner = next((r for r in replicas if r.replica_id == owner_id), None)
+            judged = self._second_look.judge(job, owner, predicted, deployment.ttft_slo_s)
+            if judged.retry_after_s is not None:
+                await self.release(AdmittedJob(job=job, partition=None))
+                raise shed(deployment, team.name, judged.prediction.ttft_s, judged.retry_after_s)
+            predicted = judged.prediction
+        partition = route.partition if route is not None else None
+        return AdmittedJob(job=job, partition=partition, prediction=predicted)
+
+    async def _route(
+        self, request: GenerationRequest, job: InferenceJob, replicas: list[ReplicaHeartbeat]
+    ) -> RouteDecision | None:
+        """The job's partition (prefix affinity with bounded load); None with random
+        routing, where the broker's partitioner decides."""
+        if self._router is None:
+            return None
+        partitions = await self._queue.partitions(job.pool, job.tier)
         demand = 0
+        adapter = job.adapter
         if adapter is not None and self._demand is not None:
-            demand = await self._demand.started(pool, adapter.id, job.request_id, job.deadline)
-        route = self._router.choose(
-            pool=deployment.pool,
-            salt=job.cache_salt or team.name,
-            prompt_token_ids=prompt,
+            demand = await self._demand.started(job.pool, adapter.id, job.request_id, job.deadline)
+        return self._router.choose(
+            pool=job.pool,
+            salt=job.cache_salt or job.team,
+            prompt_token_ids=job.prompt_token_ids,
             adapter=adapter.id if adapter is not None else None,
             partitions=partitions,
             replicas=replicas,
-            topic=catalog.job_topic(deployment.pool, tier),
+            topic=catalog.job_topic(job.pool, job.tier),
             cache_key=request.prompt_cache_key,
             adapter_demand=demand,
             spread_key=job.request_id,
-        )
-        owner = next((r for r in replicas if r.replica_id == route.owner_replica_id), None)
-        if predicted is not None and owner is not None:
-            predicted = self._on_replica(owner, job, predicted) or predicted
-            self._sends.record(owner.replica_id, now, len(prompt))
-        return AdmittedJob(job=job, partition=route.partition, prediction=predicted)
-
-    def _on_replica(
-        self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction
-    ) -> TtftPrediction | None:
-        """The prediction from the routed replica's slots (None when its heartbeat cannot
-        tell: then the pool's prediction stands)."""
-        rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
-        sent = self._sends.since(owner.replica_id, owner.sent_at)
-        wait = replica_wait(
-            owner, now=job.created_at, sent=sent, prefill_tokens_per_s=rate, team=job.team
-        )
-        if wait is None:
-            return None
-        return self._admission.predict_on_replica(
-            prompt_tokens=len(job.prompt_token_ids),
-            wait=wait,
-            prefill_tokens_per_s=rate,
-            pool=owner.pool,
-            pool_prediction=pooled,
         )
 
     async def _render(self, model: str, request: ChatCompletionRequest) -> list[int]:

@@ -4,21 +4,21 @@ admission's TTFT prediction.
 A worker's heartbeat says, per job in its engine, when that job is expected to end and free
 its slot (`slot_free_in_s`, counted from the heartbeat's `sent_at`), how many jobs wait in
 the worker for a slot (`buffered`) and the prompt tokens still to prefill. The gateway adds
-the jobs it has itself sent to that replica since that heartbeat (`ReplicaSends`), then plays
-the slots forward: each job ahead takes the soonest free slot and holds it for the replica's
-mean job time, and the request starts in the next slot to free. Its wait is that start plus
+the jobs it has itself sent to that replica since that heartbeat (`ReplicaSends`), counts
+those the worker starts first (`jobs_ahead`: fair order between teams), then plays the slots
+forward: each job ahead takes the soonest free slot and holds it for the replica's mean job
+time, and the request starts in the next slot to free. Its wait is that start plus
 the prefill of the prompts ahead of it at the replica's rate.
 
 What it cannot see: jobs other gateways sent since the heartbeat (the next heartbeat, within
-about half a second, shows them), and fair queuing in the worker letting another team's job
-start first.
+a fifth of a second, shows them), team weights, and a heavy team's cap on its own slots.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas.heartbeat import ReplicaHeartbeat
 
@@ -28,9 +28,9 @@ KEPT_S = 30.0
 
 @dataclass(frozen=True)
 class RecentSends:
-    """Jobs this gateway sent to one replica since a moment, and their prompt tokens."""
+    """Jobs this gateway sent to one replica since a moment: by team, and their prompts."""
 
-    jobs: int = 0
+    teams: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
 
 
@@ -39,23 +39,33 @@ class ReplicaSends:
     last heartbeat cannot show yet."""
 
     def __init__(self) -> None:
-        self._sends: dict[str, deque[tuple[float, int]]] = {}
+        self._sends: dict[str, deque[tuple[float, str, int]]] = {}
 
-    def record(self, replica_id: str, at: float, prompt_tokens: int) -> None:
+    def record(self, replica_id: str, at: float, team: str, prompt_tokens: int) -> None:
         sends = self._sends.setdefault(replica_id, deque())
-        sends.append((at, prompt_tokens))
+        sends.append((at, team, prompt_tokens))
         while sends and sends[0][0] < at - KEPT_S:
             sends.popleft()
 
     def since(self, replica_id: str, at: float) -> RecentSends:
         """What was sent to the replica after `at` (its heartbeat's `sent_at`)."""
-        jobs = tokens = 0
-        for sent_at, prompt_tokens in reversed(self._sends.get(replica_id, ())):
+        teams: dict[str, int] = {}
+        tokens = 0
+        for sent_at, team, prompt_tokens in reversed(self._sends.get(replica_id, ())):
             if sent_at <= at:
                 break
-            jobs += 1
+            teams[team] = teams.get(team, 0) + 1
             tokens += prompt_tokens
-        return RecentSends(jobs, tokens)
+        return RecentSends(teams, tokens)
+
+
+def jobs_ahead(waiting: dict[str, int], team: str) -> int:
+    """Jobs a worker starts before a new one of `team`, of those waiting by team: the team's
+    own, and of each other team's at most as many as the team will then have waiting (workers
+    start teams' jobs in weighted fair order; equal weights assumed, as the pool's backlog
+    does)."""
+    mine = waiting.get(team, 0)
+    return mine + sum(min(n, mine + 1) for other, n in waiting.items() if other != team)
 
 
 def slot_wait_s(
@@ -64,9 +74,10 @@ def slot_wait_s(
     """Seconds until a slot is free for a job of `team` with `jobs_ahead` jobs before it on
     `replica`, each holding a slot for the replica's mean job time; None when the heartbeat
     does not say (no slots reported, or jobs running whose ends are not timed yet). A team
-    already holding jobs there leaves the replica's reserve free."""
+    alone on the replica leaves its reserve free for newcomers (with other teams there, a
+    steady sender may take it)."""
     slots = replica.max_num_seqs
-    if team in replica.teams_running:
+    if replica.teams_running == (team,):
         slots -= replica.slot_reserve
     ends = replica.slot_free_in_s
     if slots <= 0 or (replica.in_flight > 0 and not ends):
@@ -104,8 +115,11 @@ def replica_wait(
     team: str = "",
 ) -> ReplicaWait | None:
     """The raw waits before a request's own prefill on `replica` (None: see `slot_wait_s`)."""
-    jobs_ahead = replica.buffered + sent.jobs
-    slot_s = slot_wait_s(replica, now=now, jobs_ahead=jobs_ahead, team=team)
+    waiting = dict(replica.buffered)
+    for other, jobs in sent.teams.items():
+        waiting[other] = waiting.get(other, 0) + jobs
+    ahead = jobs_ahead(waiting, team)
+    slot_s = slot_wait_s(replica, now=now, jobs_ahead=ahead, team=team)
     if slot_s is None:
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens

@@ -402,6 +402,35 @@ async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
     assert second.prediction.ttft_s > first.prediction.ttft_s
 
 
+async def test_a_replica_whose_slots_free_too_late_sheds_after_routing() -> None:
+    directory = Directory()
+    topic = catalog.job_topic("p", "interactive")
+    directory.beats = [
+        ReplicaHeartbeat(
+            replica_id="r",
+            pool="p",
+            model="m",
+            state="ready",
+            partitions=tuple(f"{topic}:{n}" for n in range(4)),
+            max_num_seqs=2,
+            in_flight=2,
+            mean_job_s=5.0,
+            slot_free_in_s=(2.5, 3.0),  # the pool's backlog is empty: only this can tell
+            sent_at=time.time(),
+        )
+    ]
+    backlog = Backlog()
+    service, queue, _ = await _service(directory=directory, backlog=backlog)
+    with pytest.raises(ApiError) as info:
+        await service.start(_req(), Team("t"))
+    assert (info.value.status, info.value.code) == (429, "overloaded")
+    assert info.value.headers == {"Retry-After": "2"}  # about 1.5 s past the 1 s SLO
+    assert queue.jobs == []
+    assert backlog.tokens == {("p", "interactive"): 0}  # what admission took was returned
+    batch = await service.start(_req(tier="batch"), Team("t"))  # batch waits: never shed
+    assert batch.prediction is None
+
+
 def _samples(service: ChatService, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     """The samples of one metric family: sorted labels -> value."""
     from prometheus_client import generate_latest

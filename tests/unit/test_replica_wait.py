@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.replica_wait import RecentSends, ReplicaSends, replica_wait, slot_wait_s
+from gateway.services.replica_wait import (
+    RecentSends,
+    ReplicaSends,
+    jobs_ahead,
+    replica_wait,
+    slot_wait_s,
+)
 from gateway.services.wait_fit import WaitFit
 from schemas.heartbeat import ReplicaHeartbeat
 from tests.unit.test_step_time import FakeClock, job
@@ -56,8 +62,11 @@ def test_no_slot_prediction_without_timed_ends() -> None:
 
 
 def test_replica_wait_adds_the_prompts_ahead() -> None:
-    replica = beat(in_flight=3, buffered=1, prefill_waiting_tokens=500, slot_free_in_s=(0.2,) * 3)
-    wait = replica_wait(replica, now=100.0, sent=RecentSends(1, 1_500), prefill_tokens_per_s=1_000)
+    replica = beat(
+        in_flight=3, buffered={"a": 1}, prefill_waiting_tokens=500, slot_free_in_s=(0.2,) * 3
+    )
+    sent = RecentSends({"a": 1}, 1_500)
+    wait = replica_wait(replica, now=100.0, sent=sent, prefill_tokens_per_s=1_000, team="a")
     assert wait is not None
     assert wait.slot_s == pytest.approx(0.2)  # two ahead (buffered + sent) take 0.2 s slots
     assert wait.prefill_ahead_s == pytest.approx(2.0)  # 2,000 tokens at 1,000/s
@@ -65,15 +74,24 @@ def test_replica_wait_adds_the_prompts_ahead() -> None:
 
 def test_sends_since_a_heartbeat() -> None:
     sends = ReplicaSends()
-    sends.record("r", 10.0, 100)
-    sends.record("r", 11.0, 200)
-    sends.record("other", 11.5, 50)
-    assert sends.since("r", 10.5) == RecentSends(1, 200)
-    assert sends.since("r", 9.0) == RecentSends(2, 300)
-    assert sends.since("r", 11.0) == RecentSends()
+    sends.record("r", 10.0, "a", 100)
+    sends.record("r", 11.0, "b", 200)
+    sends.record("r", 11.2, "b", 10)
+    sends.record("other", 11.5, "a", 50)
+    assert sends.since("r", 10.5) == RecentSends({"b": 2}, 210)
+    assert sends.since("r", 9.0) == RecentSends({"a": 1, "b": 2}, 310)
+    assert sends.since("r", 11.2) == RecentSends()
     assert sends.since("unknown", 0.0) == RecentSends()
-    sends.record("r", 60.0, 1)  # older than 30 s: forgotten
-    assert sends.since("r", 0.0) == RecentSends(1, 1)
+    sends.record("r", 60.0, "a", 1)  # older than 30 s: forgotten
+    assert sends.since("r", 0.0) == RecentSends({"a": 1}, 1)
+
+
+def test_fair_queuing_decides_who_is_ahead() -> None:
+    # a flooding team's backlog is not ahead of a steady team's first job, only one of it
+    assert jobs_ahead({"flood": 40}, "steady") == 1
+    assert jobs_ahead({"flood": 40, "steady": 2}, "steady") == 2 + 3
+    assert jobs_ahead({"flood": 40, "steady": 2}, "flood") == 40 + 2
+    assert jobs_ahead({}, "a") == 0
 
 
 def test_the_fit_learns_overhead_and_both_factors() -> None:
@@ -151,7 +169,9 @@ def test_expected_outputs_follow_recent_jobs_not_a_huge_max_tokens() -> None:
     assert end == pytest.approx(2 * 0.01, abs=0.002)  # 3 expected, 1 produced
 
 
-def test_a_team_holding_jobs_leaves_the_reserve_free() -> None:
+def test_a_team_alone_leaves_the_reserve_free() -> None:
     replica = beat(in_flight=2, slot_free_in_s=(0.4, 0.9), slot_reserve=1, teams_running=("a",))
     assert slot_wait_s(replica, now=100.0, jobs_ahead=0, team="b") == 0.0  # the reserve
     assert slot_wait_s(replica, now=100.0, jobs_ahead=0, team="a") == pytest.approx(0.4)
+    shared = beat(in_flight=2, slot_free_in_s=(0.4, 0.9), slot_reserve=1, teams_running=("a", "b"))
+    assert slot_wait_s(shared, now=100.0, jobs_ahead=0, team="a") == 0.0  # may take it

@@ -1,0 +1,93 @@
+"""Admission's second look, once a request is routed: judge its TTFT on the replica that will
+run it (`gateway.services.replica_wait`), not on the pool's average.
+
+The pool's backlog is the first, atomic gate (concurrent admissions cannot overshoot it, and
+it applies fair queuing between teams); it admits up to the SLO at the typical TTFT. Here the
+request's percentile is judged: on its replica's slots when that replica's heartbeat can tell,
+else on the pool's prediction with its margin. Jobs admitted here are remembered per replica
+until its heartbeats show them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.errors import ApiError
+from gateway.services.admission import AdmissionController, TtftPrediction
+from gateway.services.replica_wait import ReplicaSends, replica_wait
+from schemas.deployment import Deployment
+from schemas.heartbeat import ReplicaHeartbeat
+from schemas.messages import InferenceJob
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A routed request's prediction and, when it would miss the SLO, when to retry."""
+
+    prediction: TtftPrediction
+    retry_after_s: int | None = None
+    """None: admitted."""
+
+
+class ReplicaAdmission:
+    def __init__(self, admission: AdmissionController) -> None:
+        self._admission = admission
+        self._sends = ReplicaSends()
+
+    def judge(
+        self,
+        job: InferenceJob,
+        owner: ReplicaHeartbeat | None,
+        pooled: TtftPrediction,
+        slo_s: float | None,
+    ) -> Judgement:
+        """Judge `job` (its prompt already in the pool's backlog) on the replica `owner` that
+        its partition's heartbeat names, or on `pooled` when there is none or it cannot
+        tell."""
+        prediction = pooled
+        if owner is not None:
+            prediction = self._on_replica(owner, job, pooled) or pooled
+        retry_after = self._admission.retry_after(prediction, slo_s, job.pool)
+        if retry_after is None and owner is not None:
+            self._sends.record(
+                owner.replica_id, job.created_at, job.team, len(job.prompt_token_ids)
+            )
+        return Judgement(prediction, retry_after)
+
+    def _on_replica(
+        self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction
+    ) -> TtftPrediction | None:
+        rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
+        sent = self._sends.since(owner.replica_id, owner.sent_at)
+        wait = replica_wait(
+            owner, now=job.created_at, sent=sent, prefill_tokens_per_s=rate, team=job.team
+        )
+        if wait is None:
+            return None
+        return self._admission.predict_on_replica(
+            prompt_tokens=len(job.prompt_token_ids),
+            wait=wait,
+            prefill_tokens_per_s=rate,
+            pool=owner.pool,
+            pool_prediction=pooled,
+        )
+
+
+def shed(deployment: Deployment, team: str, predicted_s: float, retry_after_s: int) -> ApiError:
+    """The 429 of a request refused for its predicted TTFT (logged as shed)."""
+    log.info(
+        "request_shed", team=team, pool=deployment.pool, predicted_ttft_s=round(predicted_s, 3)
+    )
+    return ApiError(
+        429,
+        f"`{deployment.name}` is at capacity for interactive requests: the predicted time to "
+        f"first token is {predicted_s:.2f}s against an SLO of {deployment.ttft_slo_s:.2f}s. "
+        'Retry later, or use tier "batch".',
+        type_="rate_limit_error",
+        code="overloaded",
+        headers={"Retry-After": str(max(retry_after_s, 1))},
+    )
