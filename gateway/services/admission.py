@@ -337,13 +337,14 @@ class AdmissionController:
         """None when the admitted percentile of `prediction` meets the SLO (or nothing is
         ahead of it: a prompt too long for the SLO is admitted once nothing waits), else
         the whole seconds to wait before retrying. A replica-basis prediction is judged with
-        its own fit's spread."""
+        its own fit's relative spread."""
         if prediction.basis == "pool":
             budget_s = self._wait_budget_s(pool, prediction.prefill_s, slo_s)
             excess_s = prediction.wait_s - budget_s
         else:
             slo = self.default_slo_s if slo_s is None else slo_s
-            high_s = prediction.ttft_s + self.z * self.replica_fit.spread_s(pool)
+            spread = self.replica_fit.spread_ratio(pool)
+            high_s = prediction.ttft_s * (1 + self.z * spread)
             excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
         return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))
 

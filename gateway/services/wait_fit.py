@@ -12,8 +12,10 @@ weights anyway costs little more for a few hundred prompt tokens), so their fact
 usually far below 1. A weak prior holds both factors near 1 while the waits seen barely vary.
 Each request weighs 1 / its actual TTFT squared, so the fit minimises relative errors
 (how prediction error is judged) and a few long waits cannot drag the short TTFTs' overhead
-up. The spread of single requests around the fit (its residuals' moving root mean square, in
-seconds) is what admission's margin for a high percentile uses.
+up. The spread of single requests around the fit (the moving root mean square of their
+relative errors) is what admission's margin for a high percentile uses: relative, because a
+wait's error grows with the wait (a flooding team's long waits must not widen the margin of a
+steady team's short ones).
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ class WaitFit:
         prefill = min(max(prefill, 0.0), self.max_factor)
         return WaitLine(max(my - slot * m1 - prefill * m2, 0.0), slot, prefill)
 
-    def spread_s(self, pool: str) -> float:
-        """Root mean square of recent residuals, in seconds (0 until measured)."""
+    def spread_ratio(self, pool: str) -> float:
+        """Root mean square of recent relative errors, (actual - predicted) / actual (0 until
+        measured)."""
         s = self._sums.get(pool)
         return math.sqrt(s.squared_error / s.count) if s and s.count else 0.0
 
@@ -123,4 +126,5 @@ class WaitFit:
         s.x1x2 = s.x1x2 * k + v * x1 * x2
         s.x1y, s.x2y = s.x1y * k + v * x1 * y, s.x2y * k + v * x2 * y
         s.count = s.count * k + 1
-        s.squared_error = s.squared_error * k + error * error
+        relative = error / max(actual_s, MIN_ACTUAL_S)
+        s.squared_error = s.squared_error * k + relative * relative

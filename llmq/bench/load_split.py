@@ -51,6 +51,11 @@ def run_with_flood_process(steady: LoadSettings, flood: LoadSettings) -> LoadRep
             raise RuntimeError("the flood process did not start")
         parent.send(_GO)
         report = run_load(steady)
+        while not parent.poll(1.0):  # a child that died sends nothing: do not wait for ever
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"the flood process ended (exit code {process.exitcode}) without its samples"
+                )
         flood_samples = [RequestSample.model_validate(s) for s in parent.recv()]
     finally:
         process.join(timeout=30)
