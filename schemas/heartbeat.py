@@ -40,6 +40,10 @@ class ReplicaHeartbeat(Message):
     holding none."""
     teams_running: tuple[str, ...] = ()
     """The teams holding jobs here (names only)."""
+    startable: dict[str, int] = {}
+    """The slots each team here could start a job in now, by the worker's fair-share rules
+    (a flooding team is held to its share, a steady one may take the reserve); key "" for a
+    team holding nothing here. Empty: not reported."""
     buffered: dict[str, int] = {}
     """Jobs fetched and waiting in this worker for a slot (not yet in the engine), by team."""
     prefill_waiting_tokens: int = 0

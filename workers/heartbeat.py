@@ -41,6 +41,8 @@ class Heartbeat:
         self.load: LoadTracker | None = None
         self.buffered: Callable[[], tuple[dict[str, int], int]] = lambda: ({}, 0)
         """Jobs waiting in this worker for a slot by team, and their prompt tokens."""
+        self.startable: Callable[[], dict[str, int]] = dict
+        """The slots each team could start a job in now (`PullLoop.startable_by_team`)."""
         self.slot_reserve: Callable[[int], int] = lambda max_num_seqs: 0
         """The slots a team holding a job leaves to others (`HeadroomPolicy.slot_reserve`)."""
 
@@ -63,6 +65,7 @@ class Heartbeat:
             prefill_tokens_per_s=self._prefill_rate(stats),
             max_num_seqs=slots,
             slot_reserve=self.slot_reserve(slots),
+            startable=self.startable() if self.state == "ready" else {},
             teams_running=self.load.teams() if self.load else (),
             mean_job_s=self.load.mean_job_s() if self.load else 0.0,
             buffered=buffered,

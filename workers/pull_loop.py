@@ -123,6 +123,15 @@ class PullLoop:
     def buffered(self) -> int:
         return len(self._buffer) + (self._next is not None)
 
+    def startable_by_team(self) -> dict[str, int]:
+        """The slots each team here could start a job in now, by the fair-share rules
+        (`HeadroomPolicy.slots_for`); key "" for a team holding nothing here."""
+        load = self._engine_load()
+        teams = {*load.teams_in_flight, *load.active_weights, *load.team_buffered}
+        startable = {team: self._policy.slots_for(load, team) for team in sorted(teams)}
+        startable[""] = self._policy.slots_for(load, None)
+        return startable
+
     def buffered_by_team(self) -> tuple[dict[str, int], int]:
         """The buffered jobs by team, and their prompt tokens (all still to prefill)."""
         held = [*self._buffer.items(), *([self._next] if self._next else [])]

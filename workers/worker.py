@@ -150,6 +150,7 @@ class Worker:
             heartbeat.partitions = loop.assigned
             heartbeat.load = load
             heartbeat.buffered = loop.buffered_by_team
+            heartbeat.startable = loop.startable_by_team
             heartbeat.slot_reserve = policy.slot_reserve
             # Its own connection, without retries: a reconnect must resubscribe knowingly.
             listener = RedisCancelBus(listener_redis)

@@ -101,6 +101,8 @@ class TtftPrediction:
     slot_wait_s: float = 0.0
     """With the replica basis: the part of `wait_s` spent waiting for a slot (the rest is
     the prefill of prompts ahead)."""
+    fit_key: str = ""
+    """With the replica basis: what its calibration is learnt under (pool and team)."""
     pool_prediction: TtftPrediction | None = None
     """With the replica basis: the pool's prediction for the same request (still learnt
     from, as admission's queue limit uses it)."""
@@ -250,17 +252,22 @@ class AdmissionController:
         wait: ReplicaWait,
         prefill_tokens_per_s: float,
         pool: str,
+        team: str = "",
         pool_prediction: TtftPrediction | None = None,
     ) -> TtftPrediction:
-        """The calibrated prediction from the routed replica's raw waits (`replica_wait`)."""
+        """The calibrated prediction from the routed replica's raw waits (`replica_wait`),
+        with the line learnt for the pool and `team` (workers treat teams differently: a
+        flooding team waits far longer for a slot than its raw wait says, a steady one less)."""
         prefill = prompt_tokens / self.predictor.rate(prefill_tokens_per_s)
-        line = self.replica_fit.line(pool, self._overhead(pool))
+        fit_key = f"{pool}/{team}"
+        line = self.replica_fit.line(fit_key, self._overhead(pool))
         return TtftPrediction(
             ttft_s=prefill + line.beyond_prefill_s(wait.slot_s, wait.prefill_ahead_s),
             wait_s=wait.slot_s + wait.prefill_ahead_s,
             prefill_s=prefill,
             basis="replica",
             slot_wait_s=wait.slot_s,
+            fit_key=fit_key,
             pool_prediction=pool_prediction,
         )
 
@@ -270,7 +277,7 @@ class AdmissionController:
         pool_prediction: TtftPrediction | None = prediction
         if prediction.basis == "replica":
             self.replica_fit.observe(
-                pool,
+                prediction.fit_key,
                 slot_wait_s=prediction.slot_wait_s,
                 prefill_ahead_s=prediction.wait_s - prediction.slot_wait_s,
                 beyond_prefill_s=actual_s - prediction.prefill_s,
@@ -343,7 +350,7 @@ class AdmissionController:
             excess_s = prediction.wait_s - budget_s
         else:
             slo = self.default_slo_s if slo_s is None else slo_s
-            spread = self.replica_fit.spread_ratio(pool)
+            spread = self.replica_fit.spread_ratio(prediction.fit_key)
             high_s = prediction.ttft_s * (1 + self.z * spread)
             excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
         return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))

@@ -73,6 +73,7 @@ class ReplicaAdmission:
             wait=wait,
             prefill_tokens_per_s=rate,
             pool=owner.pool,
+            team=job.team,
             pool_prediction=pooled,
         )
 

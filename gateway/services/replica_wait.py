@@ -7,8 +7,10 @@ the worker for a slot (`buffered`) and the prompt tokens still to prefill. The g
 the jobs it has itself sent to that replica since that heartbeat (`ReplicaSends`), counts
 those the worker starts first (`jobs_ahead`: fair order between teams), then plays the slots
 forward: each job ahead takes the soonest free slot and holds it for the replica's mean job
-time, and the request starts in the next slot to free. Its wait is that start plus
-the prefill of the prompts ahead of it at the replica's rate.
+time, and the request starts in the next slot to free. When the heartbeat says the team may
+start more jobs now than it has waiting (`startable`, the worker's fair-share rules: a steady
+team may take the slots a flooding one must leave free), there is no slot wait at all. Its
+wait is that start plus the prefill of the prompts ahead of it at the replica's rate.
 
 What it cannot see: jobs other gateways sent since the heartbeat (the next heartbeat, within
 a fifth of a second, shows them), team weights, and a heavy team's cap on its own slots.
@@ -118,8 +120,12 @@ def replica_wait(
     waiting = dict(replica.buffered)
     for other, jobs in sent.teams.items():
         waiting[other] = waiting.get(other, 0) + jobs
-    ahead = jobs_ahead(waiting, team)
-    slot_s = slot_wait_s(replica, now=now, jobs_ahead=ahead, team=team)
+    startable = replica.startable.get(team, replica.startable.get(""))
+    if startable is not None and waiting.get(team, 0) < startable:
+        slot_s: float | None = 0.0  # the worker starts it at once, whoever else waits
+    else:
+        ahead = jobs_ahead(waiting, team)
+        slot_s = slot_wait_s(replica, now=now, jobs_ahead=ahead, team=team)
     if slot_s is None:
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens

@@ -175,3 +175,34 @@ def test_a_team_alone_leaves_the_reserve_free() -> None:
     assert slot_wait_s(replica, now=100.0, jobs_ahead=0, team="a") == pytest.approx(0.4)
     shared = beat(in_flight=2, slot_free_in_s=(0.4, 0.9), slot_reserve=1, teams_running=("a", "b"))
     assert slot_wait_s(shared, now=100.0, jobs_ahead=0, team="a") == 0.0  # may take it
+
+
+def test_a_team_the_worker_lets_start_now_does_not_wait_for_a_slot() -> None:
+    # every slot busy for a while, but the flooding team must leave the reserve to the other
+    replica = beat(
+        in_flight=3,
+        slot_free_in_s=(0.5, 0.6, 0.7),
+        buffered={"flood": 30},
+        startable={"flood": 0, "steady": 1, "": 1},
+    )
+    steady = replica_wait(
+        replica, now=100.0, sent=RecentSends(), prefill_tokens_per_s=1e9, team="steady"
+    )
+    newcomer = replica_wait(
+        replica, now=100.0, sent=RecentSends(), prefill_tokens_per_s=1e9, team="new"
+    )
+    flood = replica_wait(
+        replica, now=100.0, sent=RecentSends(), prefill_tokens_per_s=1e9, team="flood"
+    )
+    assert steady is not None and newcomer is not None and flood is not None
+    assert steady.slot_s == 0.0 and newcomer.slot_s == 0.0
+    assert flood.slot_s > 1.0  # behind its own 30 jobs
+    # the steady team's one startable slot is taken by its job sent since the heartbeat
+    busier = replica_wait(
+        replica,
+        now=100.0,
+        sent=RecentSends({"steady": 1}, 0),
+        prefill_tokens_per_s=1e9,
+        team="steady",
+    )
+    assert busier is not None and busier.slot_s > 0.0
