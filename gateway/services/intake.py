@@ -212,7 +212,8 @@ class JobIntake:
                     slots=slots,
                 )
                 retry_after = decision.retry_after_s or 1
-                raise shed(deployment, team.name, decision.predicted_ttft_s, retry_after)
+                predicted_s = decision.predicted_ttft_s
+                raise shed(deployment, team.name, predicted_s, retry_after, "backlog")
 
             predicted = self._admission.predict(
                 prompt_tokens=len(prompt),
@@ -275,7 +276,8 @@ class JobIntake:
             judged = self._second_look.judge(job, owner, predicted, deployment.ttft_slo_s)
             if judged.retry_after_s is not None:
                 await self.release(AdmittedJob(job=job, partition=None))
-                raise shed(deployment, team.name, judged.prediction.ttft_s, judged.retry_after_s)
+                judged_s, basis = judged.prediction.ttft_s, judged.prediction.basis
+                raise shed(deployment, team.name, judged_s, judged.retry_after_s, basis)
             predicted = judged.prediction
         partition = route.partition if route is not None else None
         return AdmittedJob(job=job, partition=partition, prediction=predicted)

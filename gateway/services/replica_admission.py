@@ -47,11 +47,16 @@ class ReplicaAdmission:
     ) -> Judgement:
         """Judge `job` (its prompt already in the pool's backlog) on the replica `owner` that
         its partition's heartbeat names, or on `pooled` when there is none or it cannot
-        tell."""
-        prediction = pooled
+        tell. As at the backlog, a team with nothing waiting there is admitted: a flooding
+        team is refused, the others' next requests are not."""
+        prediction, team_waiting = pooled, None
         if owner is not None:
-            prediction = self._on_replica(owner, job, pooled) or pooled
+            on_replica = self._on_replica(owner, job, pooled)
+            if on_replica is not None:
+                prediction, team_waiting = on_replica
         retry_after = self._admission.retry_after(prediction, slo_s, job.pool)
+        if team_waiting == 0:
+            retry_after = None
         if retry_after is None and owner is not None:
             self._sends.record(
                 owner.replica_id, job.created_at, job.team, len(job.prompt_token_ids)
@@ -60,7 +65,8 @@ class ReplicaAdmission:
 
     def _on_replica(
         self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction
-    ) -> TtftPrediction | None:
+    ) -> tuple[TtftPrediction, int] | None:
+        """The prediction on `owner`'s slots and the jobs of the team waiting there."""
         rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
         sent = self._sends.since(owner.replica_id, owner.sent_at)
         wait = replica_wait(
@@ -68,7 +74,7 @@ class ReplicaAdmission:
         )
         if wait is None:
             return None
-        return self._admission.predict_on_replica(
+        prediction = self._admission.predict_on_replica(
             prompt_tokens=len(job.prompt_token_ids),
             wait=wait,
             prefill_tokens_per_s=rate,
@@ -76,12 +82,20 @@ class ReplicaAdmission:
             team=job.team,
             pool_prediction=pooled,
         )
+        return prediction, wait.team_waiting
 
 
-def shed(deployment: Deployment, team: str, predicted_s: float, retry_after_s: int) -> ApiError:
-    """The 429 of a request refused for its predicted TTFT (logged as shed)."""
+def shed(
+    deployment: Deployment, team: str, predicted_s: float, retry_after_s: int, by: str
+) -> ApiError:
+    """The 429 of a request refused for its predicted TTFT, logged as shed ``by`` the pool's
+    backlog, or after routing on the replica's or the pool's prediction."""
     log.info(
-        "request_shed", team=team, pool=deployment.pool, predicted_ttft_s=round(predicted_s, 3)
+        "request_shed",
+        team=team,
+        pool=deployment.pool,
+        predicted_ttft_s=round(predicted_s, 3),
+        by=by,
     )
     return ApiError(
         429,

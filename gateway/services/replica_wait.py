@@ -106,6 +106,8 @@ class ReplicaWait:
     """Until a slot is free for it."""
     prefill_ahead_s: float
     """The prefill of prompts ahead of it, at the replica's rate."""
+    team_waiting: int = 0
+    """Jobs of its own team waiting there for a slot (0: it is its team's first)."""
 
 
 def replica_wait(
@@ -129,4 +131,4 @@ def replica_wait(
     if slot_s is None:
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens
-    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s)
+    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s, waiting.get(team, 0))
