@@ -159,7 +159,9 @@ class JobRunner:
         self._load.started(job)
         try:
             async for step in self._engine.generate(job):
-                usage = UsageCounts(
+                # Per token: built without validation (typed values from the engine; the
+                # gateway validates what it reads).
+                usage = UsageCounts.model_construct(
                     prompt_tokens=step.prompt_tokens,
                     cached_tokens=step.cached_tokens,
                     completion_tokens=usage.completion_tokens + step.num_new_tokens,
@@ -174,7 +176,7 @@ class JobRunner:
                 if buffered is not None:
                     buffered.setdefault(step.index, Buffered()).add(step)
                     continue
-                event = TokenEvent(
+                event = TokenEvent.model_construct(
                     request_id=job.request_id,
                     seq=seq,
                     text=step.text,
