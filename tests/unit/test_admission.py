@@ -13,6 +13,7 @@ from gateway.services.admission import (
     pool_prefill_rate,
     pool_slots,
 )
+from gateway.services.replica_wait import ReplicaWait
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.heartbeat import ReplicaState as State
 
@@ -196,3 +197,34 @@ def test_jobs_beyond_the_slots_wait_for_one_to_free() -> None:
     limit = controller.queue_limit(**kwargs)  # type: ignore[arg-type]
     fits = controller.predict(**kwargs, queued_tokens=limit - units)  # type: ignore[arg-type]
     assert fits.ttft_s == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_replica_prediction_is_judged_at_its_percentile_with_its_own_fit() -> None:
+    admission = AdmissionController(default_slo_s=1.0, quantile=0.95)
+    wait = ReplicaWait(slot_s=0.5, prefill_ahead_s=0.0)
+    prediction = admission.predict_on_replica(
+        prompt_tokens=0, wait=wait, prefill_tokens_per_s=1_000, pool="p", team="a"
+    )
+    assert prediction.basis == "replica" and prediction.fit_key == "p/a"
+    assert prediction.ttft_s == pytest.approx(0.05 + 0.5)  # default overhead, factor 1
+    assert admission.retry_after(prediction, None, "p") is None  # no spread learnt yet
+    # The team's requests turn out twice as slow, give or take: the fit learns the factor
+    # and its relative spread, which now widens the margin past the SLO.
+    for actual in (1.0, 1.4, 0.9, 1.3) * 10:
+        admission.observe("p", prediction, actual)
+    learnt = admission.predict_on_replica(
+        prompt_tokens=0, wait=wait, prefill_tokens_per_s=1_000, pool="p", team="a"
+    )
+    assert learnt.ttft_s > 0.9
+    assert admission.retry_after(learnt, None, "p") == 1
+    # another team of the pool has its own line
+    other = admission.predict_on_replica(
+        prompt_tokens=0, wait=wait, prefill_tokens_per_s=1_000, pool="p", team="b"
+    )
+    assert other.ttft_s == pytest.approx(0.55)
+    assert admission.retry_after(other, None, "p") is None
+    # nothing ahead: never refused here (a prompt too long for the SLO cannot be helped)
+    idle = admission.predict_on_replica(
+        prompt_tokens=5_000, wait=ReplicaWait(0.0, 0.0), prefill_tokens_per_s=1_000, pool="p"
+    )
+    assert idle.ttft_s > 1 and admission.retry_after(idle, None, "p") is None

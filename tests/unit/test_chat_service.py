@@ -367,7 +367,9 @@ async def test_admission_predicts_ttft_and_the_error_is_measured() -> None:
     assert signed == 1
 
 
-async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
+def _owner(**load: Any) -> Directory:
+    """One ready replica owning every partition of pool p, with two slots both busy and
+    `load` (slot ends, mean job time, ...) in its heartbeat, sent now."""
     directory = Directory()
     topic = catalog.job_topic("p", "interactive")
     directory.beats = [
@@ -379,12 +381,15 @@ async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
             partitions=tuple(f"{topic}:{n}" for n in range(4)),
             max_num_seqs=2,
             in_flight=2,
-            mean_job_s=1.0,
-            slot_free_in_s=(0.3, 0.5),
-            prefill_tokens_per_s=2_000,
             sent_at=time.time(),
+            **load,
         )
     ]
+    return directory
+
+
+async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
+    directory = _owner(mean_job_s=1.0, slot_free_in_s=(0.3, 0.5), prefill_tokens_per_s=2_000)
     service, _, _ = await _service(directory=directory)
     first = await service.start(_req(), Team("t"))
     second = await service.start(_req(), Team("t"))
@@ -403,23 +408,8 @@ async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
 
 
 async def test_a_replica_whose_slots_free_too_late_sheds_after_routing() -> None:
-    directory = Directory()
-    topic = catalog.job_topic("p", "interactive")
-    directory.beats = [
-        ReplicaHeartbeat(
-            replica_id="r",
-            pool="p",
-            model="m",
-            state="ready",
-            partitions=tuple(f"{topic}:{n}" for n in range(4)),
-            max_num_seqs=2,
-            in_flight=2,
-            mean_job_s=5.0,
-            slot_free_in_s=(2.5, 3.0),  # the pool's backlog is empty: only this can tell
-            buffered={"t": 1},
-            sent_at=time.time(),
-        )
-    ]
+    # The pool's backlog is empty: only the replica's slots can tell.
+    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0), buffered={"t": 1})
     backlog = Backlog()
     service, queue, _ = await _service(directory=directory, backlog=backlog)
     # Another team's first request there is admitted, however late (as at the backlog: a
