@@ -220,16 +220,18 @@ class LoadTracker:
     def slot_ends_in_s(self) -> tuple[float, ...]:
         """Per held job, the seconds until it is expected to end (soonest first): its expected
         output tokens left at the decode step time of recent tokens, plus its prefill at the
-        measured rate if it has no first token yet. Empty until a step has been timed."""
+        measured rate if it has no first token yet. Empty until a step has been timed and a
+        job has finished (before that, a job's output could only be guessed as its max_tokens,
+        often the whole context: the gateway then judges on the pool's backlog instead)."""
         step_s = self._token_gap_s
-        if step_s <= 0:
+        if step_s <= 0 or not self._outputs:
             return ()
         typical = _percentile(self._outputs, OUTPUT_QUANTILE)
         rate = self.prefill_tokens_per_s()
         ends = []
         for p in self._jobs.values():
             limit = p.job.sampling.max_tokens
-            expected = min(limit, max(typical, p.produced + 1)) if typical else limit
+            expected = min(limit, max(typical, p.produced + 1))
             left_s = max(expected - p.produced, 0) * step_s
             if p.first_token_at is None and rate > 0:
                 left_s += (p.prompt_tokens - p.cached_tokens) / rate

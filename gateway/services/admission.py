@@ -350,8 +350,8 @@ class AdmissionController:
             excess_s = prediction.wait_s - budget_s
         else:
             slo = self.default_slo_s if slo_s is None else slo_s
-            spread = self.replica_fit.spread_ratio(prediction.fit_key)
-            high_s = prediction.ttft_s * (1 + self.z * spread)
+            spread = self.replica_fit.spread_log(prediction.fit_key)
+            high_s = prediction.ttft_s * math.exp(self.z * spread)
             excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
         return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))
 

@@ -181,7 +181,7 @@ class JobIntake:
 
         pool, tier = deployment.pool, request.effective_tier
         predicted: TtftPrediction | None = None
-        units = len(prompt)
+        units, team_queued = len(prompt), 0
         if tier == "interactive":
             rate = pool_prefill_rate(replicas)
             slots = pool_slots(replicas)
@@ -199,6 +199,7 @@ class JobIntake:
             outcome = await self._backlog.try_add(
                 pool, tier, units, limit, team=team.name, waiting_tokens=len(prompt)
             )
+            team_queued = outcome.team_queued
             if not outcome.added:
                 # The wait that matters is what fair queuing serves before this request: a
                 # flooding team is refused while other teams are still admitted.
@@ -273,7 +274,9 @@ class JobIntake:
         owner_id = route.owner_replica_id if route is not None else None
         if predicted is not None:
             owner = next((r for r in replicas if r.replica_id == owner_id), None)
-            judged = self._second_look.judge(job, owner, predicted, deployment.ttft_slo_s)
+            judged = self._second_look.judge(
+                job, owner, predicted, deployment.ttft_slo_s, team_queued
+            )
             if judged.retry_after_s is not None:
                 await self.release(AdmittedJob(job=job, partition=None))
                 judged_s, basis = judged.prediction.ttft_s, judged.prediction.basis

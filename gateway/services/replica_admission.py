@@ -44,12 +44,14 @@ class ReplicaAdmission:
         owner: ReplicaHeartbeat | None,
         pooled: TtftPrediction,
         slo_s: float | None,
+        team_queued: int = 0,
     ) -> Judgement:
         """Judge `job` (its prompt already in the pool's backlog) on the replica `owner` that
         its partition's heartbeat names, or on `pooled` when there is none or it cannot
-        tell. As at the backlog, a team with nothing waiting there is admitted: a flooding
-        team is refused, the others' next requests are not."""
-        prediction, team_waiting = pooled, None
+        tell. As at the backlog, a team with nothing waiting (there, or with `team_queued`
+        units in the pool's backlog before it) is admitted: a flooding team is refused, the
+        others' next requests are not."""
+        prediction, team_waiting = pooled, team_queued
         if owner is not None:
             on_replica = self._on_replica(owner, job, pooled)
             if on_replica is not None:

@@ -12,16 +12,20 @@ weights anyway costs little more for a few hundred prompt tokens), so their fact
 usually far below 1. A weak prior holds both factors near 1 while the waits seen barely vary.
 Each request weighs 1 / its actual TTFT squared, so the fit minimises relative errors
 (how prediction error is judged) and a few long waits cannot drag the short TTFTs' overhead
-up. The spread of single requests around the fit (the moving root mean square of their
-relative errors) is what admission's margin for a high percentile uses: relative, because a
-wait's error grows with the wait (a flooding team's long waits must not widen the margin of a
-steady team's short ones).
+up. The spread of single requests around the fit (the moving root mean square of
+log(actual / predicted), each clamped to a factor of e^2) is what admission's margin for a
+high percentile uses: relative, because a wait's error grows with the wait (a flooding
+team's long waits must not widen the margin of a steady team's short ones), in logs and
+clamped, so one wild over-prediction cannot blow the margin up.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+MAX_LOG_ERROR = 2.0
+"""A single request's log(actual / predicted) counts at most this far from 0 in the spread."""
 
 MIN_ACTUAL_S = 0.005
 """Actual TTFTs below this weigh as much as this one (a guard against tiny denominators)."""
@@ -94,8 +98,8 @@ class WaitFit:
         prefill = min(max(prefill, 0.0), self.max_factor)
         return WaitLine(max(my - slot * m1 - prefill * m2, 0.0), slot, prefill)
 
-    def spread_ratio(self, pool: str) -> float:
-        """Root mean square of recent relative errors, (actual - predicted) / actual (0 until
+    def spread_log(self, pool: str) -> float:
+        """Root mean square of recent log(actual / predicted), each within +-2 (0 until
         measured)."""
         s = self._sums.get(pool)
         return math.sqrt(s.squared_error / s.count) if s and s.count else 0.0
@@ -114,7 +118,6 @@ class WaitFit:
         predicted = self.line(pool, default_overhead_s).beyond_prefill_s(
             slot_wait_s, prefill_ahead_s
         )
-        error = beyond_prefill_s - predicted
         s = self._sums.setdefault(pool, _Sums())
         k = self.decay
         v = 1 / max(actual_s, MIN_ACTUAL_S) ** 2
@@ -126,5 +129,7 @@ class WaitFit:
         s.x1x2 = s.x1x2 * k + v * x1 * x2
         s.x1y, s.x2y = s.x1y * k + v * x1 * y, s.x2y * k + v * x2 * y
         s.count = s.count * k + 1
-        relative = error / max(actual_s, MIN_ACTUAL_S)
-        s.squared_error = s.squared_error * k + relative * relative
+        prefill_s = actual_s - beyond_prefill_s
+        ratio = max(actual_s, MIN_ACTUAL_S) / max(prefill_s + predicted, MIN_ACTUAL_S)
+        log_error = min(max(math.log(ratio), -MAX_LOG_ERROR), MAX_LOG_ERROR)
+        s.squared_error = s.squared_error * k + log_error * log_error

@@ -114,7 +114,7 @@ def test_the_fit_learns_overhead_and_both_factors() -> None:
     assert line.overhead_s == pytest.approx(0.03, abs=0.003)
     assert line.slot_factor == pytest.approx(1.2, abs=0.02)
     assert line.prefill_factor == pytest.approx(0.1, abs=0.1)  # the prior pulls towards 1
-    assert fit.spread_ratio("p") < 0.05
+    assert fit.spread_log("p") < 0.05
     assert fit.line("other", 0.05).overhead_s == 0.05  # pools learn apart
 
 
@@ -132,24 +132,32 @@ def test_the_fit_weighs_relative_errors() -> None:
             default_overhead_s=0.05,
         )
     assert fit.line("p", 0.05).overhead_s < 0.04  # the unweighted mean would be 0.077
-    assert fit.spread_ratio("p") > 0.2  # and the spread shows the misses, for the margin
+    assert fit.spread_log("p") > 0.2  # and the spread shows the misses, for the margin
 
 
 def test_a_worker_reports_when_its_jobs_will_end() -> None:
     clock = FakeClock()
     tracker = LoadTracker(clock=clock)
     tracker.started(job("a", prompt=100, max_tokens=10))
-    assert tracker.slot_ends_in_s() == ()  # no step timed yet
     assert tracker.prefill_waiting_tokens() == 100
     clock.now += 0.1
     tracker.produced("a", 1, 0)
     for _ in range(4):
         clock.now += 0.02
         tracker.produced("a", 1, 0)  # 5 of 10 tokens at 20 ms each
+    # timed, but no job has finished: its output could only be guessed as max_tokens
+    assert tracker.slot_ends_in_s() == ()
+    tracker.started(job("done", prompt=100, max_tokens=50))
+    clock.now += 0.1  # its prefill: 1,000 tokens/s, as "a"'s
+    for _ in range(50):
+        tracker.produced("done", 1, 0)
+        clock.now += 0.02
+    tracker.finished("done")  # recent jobs produce 50 tokens
     tracker.started(job("b", prompt=400, max_tokens=4))
     ends = tracker.slot_ends_in_s()
-    # "b": 4 tokens at 20 ms plus its prefill (100 tokens in 0.1 s: 1,000/s); "a": 5 left
-    assert ends == pytest.approx((5 * 0.02, 4 * 0.02 + 400 / 1_000))
+    # "a": 5 tokens left (of max_tokens 10) at 20 ms; "b": 4 tokens plus its prefill (100
+    # tokens in 0.1 s: 1,000/s)
+    assert ends == pytest.approx((5 * 0.02, 4 * 0.02 + 400 / 1_000), rel=0.05)
     assert tracker.prefill_waiting_tokens() == 400
 
 
