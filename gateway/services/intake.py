@@ -342,10 +342,11 @@ class JobIntake:
             raise context_length_exceeded(str(exc), "prompt") from exc
         return ids
 
-    def observe_ttft(self, pool: str, prediction: TtftPrediction, actual_s: float) -> float:
+    def observe_ttft(self, job: InferenceJob, prediction: TtftPrediction, actual_s: float) -> float:
         """Calibrate the pool's TTFT predictions with one request's actual TTFT; return the
         pool's new calibration factor."""
-        return self._admission.observe(pool, prediction, actual_s)
+        self._second_look.started(job.request_id)
+        return self._admission.observe(job.pool, prediction, actual_s)
 
     def prompt_text(self, job: InferenceJob) -> str:
         """The text of a job's prompt (for `echo` of a prompt given as token ids)."""
@@ -363,7 +364,9 @@ class JobIntake:
         await self.ended(job)
 
     async def ended(self, job: InferenceJob) -> None:
-        """A job's request ended: its adapter's demand no longer counts it."""
+        """A job's request ended: its adapter's demand no longer counts it, nor does
+        admission's second look count it as waiting."""
+        self._second_look.started(job.request_id)
         if job.adapter is not None and self._demand is not None:
             await self._demand.ended(job.pool, job.adapter.id, job.request_id)
 

@@ -211,7 +211,7 @@ class JobRelay:
                 if active.prediction is not None:
                     job = active.job
                     self._metrics.observe_prediction(job.model, active.prediction.ttft_s, actual)
-                    factor = self._intake.observe_ttft(job.pool, active.prediction, actual)
+                    factor = self._intake.observe_ttft(job, active.prediction, actual)
                     self._metrics.ttft_calibration.labels(job.pool).set(factor)
             active.last_token_at = now
             active.tokens += event.num_tokens

@@ -61,9 +61,17 @@ class ReplicaAdmission:
             retry_after = None
         if retry_after is None and owner is not None:
             self._sends.record(
-                owner.replica_id, job.created_at, job.team, len(job.prompt_token_ids)
+                owner.replica_id,
+                job.created_at,
+                job.team,
+                len(job.prompt_token_ids),
+                job.request_id,
             )
         return Judgement(prediction, retry_after)
+
+    def started(self, request_id: str) -> None:
+        """A request's first token (or its end) came back: it no longer waits anywhere."""
+        self._sends.started(request_id)
 
     def _on_replica(
         self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction

@@ -41,21 +41,32 @@ class ReplicaSends:
     last heartbeat cannot show yet."""
 
     def __init__(self) -> None:
-        self._sends: dict[str, deque[tuple[float, str, int]]] = {}
+        self._sends: dict[str, deque[tuple[float, str, int, str]]] = {}
+        self._started: set[str] = set()
+        """Requests sent and since started (their first token came back): not waiting."""
 
-    def record(self, replica_id: str, at: float, team: str, prompt_tokens: int) -> None:
+    def record(
+        self, replica_id: str, at: float, team: str, prompt_tokens: int, request_id: str = ""
+    ) -> None:
         sends = self._sends.setdefault(replica_id, deque())
-        sends.append((at, team, prompt_tokens))
+        sends.append((at, team, prompt_tokens, request_id))
         while sends and sends[0][0] < at - KEPT_S:
-            sends.popleft()
+            self._started.discard(sends.popleft()[3])
+
+    def started(self, request_id: str) -> None:
+        """A sent request has started (or ended): it waits no more, heartbeat or not."""
+        self._started.add(request_id)
 
     def since(self, replica_id: str, at: float) -> RecentSends:
-        """What was sent to the replica after `at` (its heartbeat's `sent_at`)."""
+        """What was sent to the replica after `at` (its heartbeat's `sent_at`) and has not
+        started since."""
         teams: dict[str, int] = {}
         tokens = 0
-        for sent_at, team, prompt_tokens in reversed(self._sends.get(replica_id, ())):
+        for sent_at, team, prompt_tokens, request_id in reversed(self._sends.get(replica_id, ())):
             if sent_at <= at:
                 break
+            if request_id in self._started:
+                continue
             teams[team] = teams.get(team, 0) + 1
             tokens += prompt_tokens
         return RecentSends(teams, tokens)
