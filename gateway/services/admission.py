@@ -40,6 +40,11 @@ from schemas.heartbeat import ReplicaHeartbeat
 
 _EPSILON = 1e-9
 
+MAX_REPLICA_MARGIN = 2.0
+"""A replica-basis prediction is judged at its percentile, at most twice the prediction: a
+fit still wild (few requests, an engine whose times scatter, like a CPU engine's) must not
+refuse requests predicted well within the SLO."""
+
 
 @dataclass(frozen=True)
 class AdmissionDecision:
@@ -351,7 +356,8 @@ class AdmissionController:
         else:
             slo = self.default_slo_s if slo_s is None else slo_s
             spread = self.replica_fit.spread_log(prediction.fit_key)
-            high_s = prediction.ttft_s * math.exp(self.z * spread)
+            margin = min(math.exp(self.z * spread), MAX_REPLICA_MARGIN)
+            high_s = prediction.ttft_s * margin
             excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
         return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))
 
