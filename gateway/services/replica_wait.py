@@ -33,7 +33,10 @@ class RecentSends:
     """Jobs this gateway sent to one replica since a moment: by team, and their prompts."""
 
     teams: dict[str, int] = field(default_factory=dict)
+    """Those not yet started, by team."""
     prompt_tokens: int = 0
+    started: int = 0
+    """Those started since: not waiting, but holding a slot the heartbeat shows free."""
 
 
 class ReplicaSends:
@@ -61,15 +64,16 @@ class ReplicaSends:
         """What was sent to the replica after `at` (its heartbeat's `sent_at`) and has not
         started since."""
         teams: dict[str, int] = {}
-        tokens = 0
+        tokens = started = 0
         for sent_at, team, prompt_tokens, request_id in reversed(self._sends.get(replica_id, ())):
             if sent_at <= at:
                 break
             if request_id in self._started:
+                started += 1
                 continue
             teams[team] = teams.get(team, 0) + 1
             tokens += prompt_tokens
-        return RecentSends(teams, tokens)
+        return RecentSends(teams, tokens, started)
 
 
 def jobs_ahead(waiting: dict[str, int], team: str) -> int:
@@ -134,10 +138,10 @@ def replica_wait(
     for other, jobs in sent.teams.items():
         waiting[other] = waiting.get(other, 0) + jobs
     startable = replica.startable.get(team, replica.startable.get(""))
-    if startable is not None and waiting.get(team, 0) < startable:
+    if startable is not None and waiting.get(team, 0) + sent.started < startable:
         slot_s: float | None = 0.0  # the worker starts it at once, whoever else waits
     else:
-        ahead = jobs_ahead(waiting, team)
+        ahead = jobs_ahead(waiting, team) + sent.started
         slot_s = slot_wait_s(replica, now=now, jobs_ahead=ahead, team=team)
     if slot_s is None:
         return None

@@ -84,7 +84,7 @@ def test_sends_since_a_heartbeat() -> None:
     assert sends.since("unknown", 0.0) == RecentSends()
     sends.record("r", 11.3, "b", 5, "started-one")
     sends.started("started-one")  # its first token came back: it waits no more
-    assert sends.since("r", 11.2) == RecentSends()
+    assert sends.since("r", 11.2) == RecentSends(started=1)  # but holds a slot
     sends.record("r", 60.0, "a", 1)  # older than 30 s: forgotten
     assert sends.since("r", 0.0) == RecentSends({"a": 1}, 1)
 
