@@ -129,3 +129,5 @@ class GatewaySettings(BaseSettings):
     """The window over which failed authentications are counted."""
     log_json: bool = False
     """JSON logs (production) instead of console logs (development)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The least severe log events written (DEBUG adds why each held job waits)."""

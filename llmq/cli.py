@@ -60,7 +60,7 @@ def gateway() -> None:
     from llmq.logging import configure_logging
 
     settings = GatewaySettings()
-    configure_logging(settings.log_json)
+    configure_logging(settings.log_json, settings.log_level)
     serve(create_app(settings), settings)
 
 
@@ -75,7 +75,7 @@ def worker() -> None:
     settings = WorkerSettings()
     if settings.engine == "vllm":
         reexec_with_engine_env(settings.kv_cache_gib)
-    configure_logging(settings.log_json)
+    configure_logging(settings.log_json, settings.log_level)
     run_worker(settings)
 
 

@@ -141,3 +141,5 @@ class WorkerSettings(BaseSettings):
     """On SIGTERM, how long in-flight requests may run before they are aborted."""
     log_json: bool = False
     """JSON logs (production) instead of console logs (development)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The least severe log events written (DEBUG adds why each held job waits)."""

@@ -11,6 +11,10 @@ Two moving averages tell a steady sender from a flooding team (see
   it (admitted, not yet started anywhere; `watch_team_queues` reads it from the admission
   backlog). A flooding team always has a queue, though admission and its share of the slots
   keep it short; a steady sender has one only in its rare bursts.
+
+A newcomer's waiting share starts at 1 (always waiting) and earns its way down, and a team no
+longer active is forgotten: a flood's first jobs never pass for a light sender's, nor do those
+of a flooding team that paused and came back with its old, decayed averages.
 """
 
 from __future__ import annotations
@@ -60,7 +64,6 @@ class TeamActivity:
         self._usage: dict[str, float] = {}
         self._waiting: dict[str, float] = {}
         self._observed_at: float | None = None
-        self._since: dict[str, float] = {}
         self._queued_tokens: dict[str, int] = {}
         self._prompt_tokens: dict[str, int] = {}
 
@@ -100,8 +103,8 @@ class TeamActivity:
         """Update and return each team's average slots held and share of time with a job
         waiting (moving averages over ``usage_window_s``).
 
-        A young average proves nothing: for its first third of the window a team reports as
-        always waiting, so a flood's first jobs do not pass for a light sender's."""
+        A team's first waiting share is 1: until its record shows otherwise, a newcomer counts
+        as a flooding team (a steady sender's share falls below one half within the window)."""
         now = self._clock()
         decay = (
             1.0
@@ -115,15 +118,18 @@ class TeamActivity:
             holds = float(held.get(team, 0))
             waits_now = 1.0 if waiting.get(team, 0.0) >= 0.5 else 0.0
             used = holds + (self._usage.get(team, holds) - holds) * decay
-            waited = waits_now + (self._waiting.get(team, waits_now) - waits_now) * decay
+            waited = waits_now + (self._waiting.get(team, 1.0) - waits_now) * decay
             if used < 0.01 and waited < 0.01 and team not in held:
-                for averages in (self._usage, self._waiting, self._since):
-                    averages.pop(team, None)
+                self.forget(team)
                 continue
-            self._usage[team], self._waiting[team] = used, waited
-            young = now - self._since.setdefault(team, now) < self._window_s / 3
-            usage[team], waits[team] = used, 1.0 if young else waited
+            self._usage[team] = usage[team] = used
+            self._waiting[team] = waits[team] = waited
         return usage, waits
+
+    def forget(self, team: str) -> None:
+        """Drop a team's averages: it comes back as a newcomer."""
+        self._usage.pop(team, None)
+        self._waiting.pop(team, None)
 
     def behaviour(self, held: Mapping[str, int], buffered: Iterable[str]) -> TeamBehaviour:
         """Observe the teams (held here, ``buffered`` here, queued in the pool) and report
@@ -138,14 +144,19 @@ class TeamActivity:
         self._weight[team] = weight
 
     def active(self, holding: Iterable[str], buffering: Iterable[str]) -> dict[str, float]:
-        """Weights of the teams holding or buffering jobs now, or within the linger time."""
+        """Weights of the teams holding or buffering jobs now, or within the linger time. A
+        team gone past the linger time is forgotten (its averages describe a past visit),
+        so it comes back as a newcomer."""
         now = self._clock()
-        for team in (*holding, *buffering):
-            self._seen[team] = now
+        present = {*holding, *buffering}
         for team, seen in list(self._seen.items()):
             if now - seen > self._linger_s:
-                del self._seen[team]
-                self._weight.pop(team, None)
+                self.forget(team)
+                if team not in present:  # (a returning team keeps the weight just noted)
+                    del self._seen[team]
+                    self._weight.pop(team, None)
+        for team in present:
+            self._seen[team] = now
         return {team: self._weight.get(team, 1.0) for team in self._seen}
 
 

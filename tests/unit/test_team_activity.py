@@ -31,18 +31,34 @@ def test_usage_is_a_moving_average_of_slots_held() -> None:
     assert "a" not in teams.observe({"b": 2}, {})[0]  # long idle: forgotten
 
 
-def test_waiting_is_the_share_of_time_with_a_job_waiting_and_young_teams_wait() -> None:
+def test_waiting_is_the_share_of_time_with_a_job_waiting_and_newcomers_start_waiting() -> None:
     now = [0.0]
     teams = TeamActivity(10.0, clock=lambda: now[0], usage_window_s=30.0)
-    _, waiting = teams.observe({"a": 2}, {"a": 3.0})
-    assert waiting == {"a": 1.0}  # young: counts as always waiting
-    now[0] = 10.0  # a third of the window: grown up; it waited at first, then never
+    _, waiting = teams.observe({"a": 2}, {"a": 0.2})
+    assert waiting == {"a": 1.0}  # a newcomer counts as always waiting
+    now[0] = 30.0  # a window later: it never waited, so its share decays towards 0
     _, waiting = teams.observe({"a": 2, "b": 1}, {"a": 0.2, "b": 2.0})
-    assert 0.70 < waiting["a"] < 0.72  # e^(-1/3): decaying towards 0
-    assert waiting["b"] == 1.0  # b is young
+    assert 0.36 < waiting["a"] < 0.37  # e^-1
+    assert waiting["b"] == 1.0  # b is new, and waiting
     now[0] = 60.0
     _, waiting = teams.observe({"a": 2, "b": 1}, {"b": 2.0})
     assert waiting["a"] < 0.15 and waiting["b"] == 1.0  # a steady sender, a flooding team
+
+
+def test_a_team_gone_past_the_linger_time_comes_back_as_a_newcomer() -> None:
+    """A flooding team that paused must not come back with its decayed averages (which
+    would pass it for a light sender until they caught up)."""
+    now = [0.0]
+    teams = TeamActivity(10.0, clock=lambda: now[0], usage_window_s=30.0)
+    teams.note_prompt("b", 100)
+    for step in range(1, 31):  # b floods for 30 s: always a job buffered
+        now[0] = float(step)
+        assert teams.behaviour({"b": 8}, ["b"]).waiting["b"] > 0.99
+    now[0] = 35.0
+    assert teams.behaviour({}, []).waiting["b"] < 0.9  # idle, lingering: decaying
+    now[0] = 95.0  # a minute idle, then it floods again
+    behaviour = teams.behaviour({"b": 1}, ["b"])
+    assert behaviour.waiting["b"] == 1.0 and behaviour.usage["b"] == 1.0
 
 
 def test_waiting_jobs_count_the_pools_queue_in_prompts_when_it_exceeds_the_buffer() -> None:
