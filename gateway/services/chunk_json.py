@@ -9,6 +9,7 @@ what the model would write (a unit test holds the two equal).
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 
 from schemas.chat import ChatCompletionChunk, ChoiceDelta, ChunkChoice, ServiceTier
 
@@ -38,5 +39,6 @@ class ContentChunkJson:
         self._head, self._tail = template.split(json.dumps(_MARK), 1)
 
     def render(self, text: str) -> str:
-        # ensure_ascii=False: UTF-8 as it is, and the same escapes as pydantic's encoder.
-        return self._head + json.dumps(text, ensure_ascii=False) + self._tail
+        # `json.dumps(text, ensure_ascii=False)` without building an encoder per call: UTF-8
+        # as it is, and the same escapes as pydantic's encoder.
+        return self._head + encode_basestring(text) + self._tail
