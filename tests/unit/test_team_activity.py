@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
+from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.team_activity import TeamActivity, watch_team_queues
 
 
@@ -118,3 +120,41 @@ async def test_the_queue_watch_keeps_the_latest_queue_and_forgets_it_on_failure(
         assert teams.waiting_jobs([]) == {}  # the failed read forgot the queue
     finally:
         watch.cancel()
+
+
+def test_a_flooding_team_is_never_light_from_its_first_job_nor_when_it_comes_back() -> None:
+    """The headroom policy's view, second by second: a steady team holds 1-2 of 16 slots and
+    rarely waits; a flood arrives (always a job waiting), stops for a minute, and comes back.
+    The flood never passes for a light sender, so it never takes the slots kept for the
+    steady team's bursts (it did for 10-20 s into each flood, taking all 16)."""
+    now = [0.0]
+    teams = TeamActivity(10.0, clock=lambda: now[0], usage_window_s=30.0)
+    policy = HeadroomPolicy()
+    teams.note_prompt("a", 100)
+    teams.note_prompt("b", 100)
+
+    def view(held: dict[str, int], buffered: list[str]) -> tuple[frozenset[str], int, int]:
+        """Light teams, the slots b may take, and the slots a's bursts are owed."""
+        behaviour = teams.behaviour(held, buffered)
+        load = EngineLoad(
+            in_flight=sum(held.values()), max_num_seqs=16, teams_in_flight=frozenset(held),
+            team_held=held, active_weights=behaviour.weights, team_usage=behaviour.usage,
+            team_buffered=Counter(buffered), team_waiting=behaviour.waiting,
+        )  # fmt: skip
+        owed = policy.slot_reserve(16) + policy.burst_room(load, "a")
+        return policy.light_teams(load), policy.slots_for(load, "b"), owed
+
+    for second in range(60):  # the steady team alone: it earns its light status
+        now[0] = float(second)
+        view({"a": 1 + second % 2}, [])
+    for start in (60, 150):  # a flood, then the same flood after a minute's pause
+        for second in range(start, start + 30):
+            now[0] = float(second)
+            held_b = min(8, 1 + second - start)  # its jobs start one a second, up to 8
+            queue = ["b"] if second > start else []  # its first job found a slot at once
+            light, room, owed = view({"a": 1 + second % 2, "b": held_b}, queue)
+            assert "b" not in light and "a" in light, second
+            assert held_b + room <= 16 - owed, second  # b leaves a's burst room and reserve
+        for second in range(start + 30, start + 90):  # b stops; a goes on
+            now[0] = float(second)
+            view({"a": 1 + second % 2}, [])
