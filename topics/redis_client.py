@@ -63,5 +63,5 @@ async def channel_messages(
             log.warning(disconnected, error=type(exc).__name__)
         finally:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
         await asyncio.sleep(retry_s)

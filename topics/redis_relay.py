@@ -88,7 +88,7 @@ class RedisReplyRelay:
                 await self._reader
         if self._pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
-                await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+                await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
     def open(self, request_id: str) -> _RequestEvents:
         events = _RequestEvents(request_id)
@@ -139,7 +139,7 @@ class RedisReplyRelay:
                     self._interrupt_open_requests()
                 if self._pubsub is not None:
                     with contextlib.suppress(RedisError, OSError):
-                        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
                     self._pubsub = None
                 await asyncio.sleep(self._retry_s)
 
