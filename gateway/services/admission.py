@@ -224,6 +224,8 @@ class AdmissionController:
         self.calibration = TtftCalibration()
         self.replica_fit = WaitFit()
         """What predictions made from the routed replica's slots learn (`predict_on_replica`)."""
+        self.quantile = quantile
+        """The percentile of a request's TTFT that admission holds to the SLO."""
         self.z = statistics.NormalDist().inv_cdf(quantile)
         """How many standard deviations of the wait's error admission allows for: a
         request is admitted when that percentile of its TTFT (not the typical one) meets
@@ -355,11 +357,19 @@ class AdmissionController:
             excess_s = prediction.wait_s - budget_s
         else:
             slo = self.default_slo_s if slo_s is None else slo_s
-            spread = self.replica_fit.spread_log(prediction.fit_key)
-            margin = min(math.exp(self.z * spread), MAX_REPLICA_MARGIN)
-            high_s = prediction.ttft_s * margin
+            high_s = self.judged_s(prediction, pool)
             excess_s = high_s - slo if prediction.wait_s > 0 else 0.0
         return None if excess_s <= _EPSILON else max(1, math.ceil(excess_s - _EPSILON))
+
+    def judged_s(self, prediction: TtftPrediction, pool: str) -> float:
+        """The TTFT percentile that `retry_after` holds to the SLO: the prediction with the
+        margin for its basis's spread (what a refusal's message reports beside it)."""
+        if prediction.basis == "pool":
+            margin_s = self.z * self.calibration.spread_s(pool)
+            waited_s = self.calibration.factor(pool) * prediction.wait_s
+            return self._overhead(pool) + prediction.prefill_s + margin_s + waited_s
+        spread = self.replica_fit.spread_log(prediction.fit_key)
+        return prediction.ttft_s * min(math.exp(self.z * spread), MAX_REPLICA_MARGIN)
 
     def _overhead(self, pool: str) -> float:
         return self.calibration.overhead(pool, self.predictor.overhead_s)

@@ -279,8 +279,7 @@ class JobIntake:
             )
             if judged.retry_after_s is not None:
                 await self.release(AdmittedJob(job=job, partition=None))
-                judged_s, basis = judged.prediction.ttft_s, judged.prediction.basis
-                raise shed(deployment, team.name, judged_s, judged.retry_after_s, basis)
+                raise self._second_look.refusal(deployment, team.name, judged)
             predicted = judged.prediction
         partition = route.partition if route is not None else None
         return AdmittedJob(job=job, partition=partition, prediction=predicted)

@@ -69,6 +69,19 @@ class ReplicaAdmission:
             )
         return Judgement(prediction, retry_after)
 
+    def refusal(self, deployment: Deployment, team: str, judgement: Judgement) -> ApiError:
+        """The 429 for a request `judge` refused, with the percentile it judged."""
+        prediction = judgement.prediction
+        percentile = self._admission.judged_s(prediction, deployment.pool)
+        return shed(
+            deployment,
+            team,
+            prediction.ttft_s,
+            judgement.retry_after_s or 1,
+            prediction.basis,
+            (self._admission.quantile, percentile),
+        )
+
     def started(self, request_id: str) -> None:
         """A request's first token (or its end) came back: it no longer waits anywhere."""
         self._sends.started(request_id)
@@ -96,21 +109,33 @@ class ReplicaAdmission:
 
 
 def shed(
-    deployment: Deployment, team: str, predicted_s: float, retry_after_s: int, by: str
+    deployment: Deployment,
+    team: str,
+    predicted_s: float,
+    retry_after_s: int,
+    by: str,
+    judged: tuple[float, float] | None = None,
 ) -> ApiError:
     """The 429 of a request refused for its predicted TTFT, logged as shed ``by`` the pool's
-    backlog, or after routing on the replica's or the pool's prediction."""
+    backlog, or after routing on the replica's or the pool's prediction. `judged`: the
+    percentile held to the SLO and its value, when that (not the typical prediction) was
+    judged."""
     log.info(
         "request_shed",
         team=team,
         pool=deployment.pool,
         predicted_ttft_s=round(predicted_s, 3),
+        judged_ttft_s=round(judged[1], 3) if judged else None,
         by=by,
     )
+    predicted = f"{predicted_s:.2f}s"
+    if judged is not None:
+        quantile, judged_s = judged
+        predicted += f" (its {quantile * 100:.0f}th percentile {judged_s:.2f}s)"
     return ApiError(
         429,
         f"`{deployment.name}` is at capacity for interactive requests: the predicted time to "
-        f"first token is {predicted_s:.2f}s against an SLO of {deployment.ttft_slo_s:.2f}s. "
+        f"first token is {predicted} against an SLO of {deployment.ttft_slo_s:.2f}s. "
         'Retry later, or use tier "batch".',
         type_="rate_limit_error",
         code="overloaded",

@@ -13,7 +13,9 @@ from gateway.services.admission import (
     pool_prefill_rate,
     pool_slots,
 )
+from gateway.services.replica_admission import Judgement, ReplicaAdmission
 from gateway.services.replica_wait import ReplicaWait
+from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.heartbeat import ReplicaState as State
 
@@ -217,6 +219,15 @@ def test_a_replica_prediction_is_judged_at_its_percentile_with_its_own_fit() -> 
     )
     assert learnt.ttft_s > 0.9
     assert admission.retry_after(learnt, None, "p") == 1
+    # A refusal names the percentile it judged, not only the typical TTFT: with an SLO the
+    # typical one meets, the margin alone refuses.
+    judged_s = admission.judged_s(learnt, "p")
+    assert learnt.ttft_s < 1.2 < judged_s <= 2 * learnt.ttft_s
+    assert admission.retry_after(learnt, 1.2, "p") == 1
+    deployment = Deployment(name="m", path="/models/m", pool="p", ttft_slo_s=1.2)
+    refusal = ReplicaAdmission(admission).refusal(deployment, "a", Judgement(learnt, 1))
+    assert f"{learnt.ttft_s:.2f}s (its 95th percentile {judged_s:.2f}s)" in refusal.message
+    assert "SLO of 1.20s" in refusal.message and refusal.status == 429
     # another team of the pool has its own line
     other = admission.predict_on_replica(
         prompt_tokens=0, wait=wait, prefill_tokens_per_s=1_000, pool="p", team="b"
