@@ -128,8 +128,11 @@ def lora(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lor
     built = [*ADAPTERS.values(), BROKEN_ADAPTER]
     folders = asyncio.run(_push(stack.s3_endpoint, {b: ensure_model(b) for b in built}))
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    # Admission is not what this module tests: on a busy 2-core CI machine, loading adapters
+    # made TTFTs of tens of seconds, and at concurrency 8 a learnt 33 s (66 s at the judged
+    # percentile) refused a request against a 60 s SLO.
     spec = {"version": "1", "path": str(base_path), "pool": POOL, "max_model_len": 1024,
-            "ttft_slo_s": 60, "engine_args": {"max_lora_rank": 8, "max_loras": 2}}  # fmt: skip
+            "ttft_slo_s": 600, "engine_args": {"max_lora_rank": 8, "max_loras": 2}}  # fmt: skip
     put = httpx.put(f"{stack.base_url}/v1/deployments/{BASE}", json=spec, headers=admin, timeout=60)
     assert put.status_code == 201, put.text
     probe = services.free_port()
