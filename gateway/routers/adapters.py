@@ -15,7 +15,7 @@ from schemas.adapters import AdapterDeleted, AdapterList, AdapterObject, Adapter
 router = APIRouter(tags=["adapters"])
 
 
-def _service(request: Request) -> AdaptersService:
+async def _service(request: Request) -> AdaptersService:
     service: AdaptersService = request.app.state.adapters_service
     return service
 

@@ -13,7 +13,7 @@ from schemas.batches import Batch, BatchCreateRequest, BatchList
 router = APIRouter()
 
 
-def _service(request: Request) -> BatchesService:
+async def _service(request: Request) -> BatchesService:
     service: BatchesService = request.app.state.batches_service
     return service
 

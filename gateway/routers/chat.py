@@ -16,7 +16,7 @@ from schemas.chat import ChatCompletionRequest
 router = APIRouter()
 
 
-def _service(request: Request) -> ChatService:
+async def _service(request: Request) -> ChatService:
     service: ChatService = request.app.state.chat_service
     return service
 

@@ -16,7 +16,7 @@ from schemas.completions import CompletionRequest
 router = APIRouter()
 
 
-def _service(request: Request) -> CompletionService:
+async def _service(request: Request) -> CompletionService:
     service: CompletionService = request.app.state.completion_service
     return service
 

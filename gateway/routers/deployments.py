@@ -24,7 +24,7 @@ from schemas.registry import DeploymentSpec
 router = APIRouter(dependencies=[Depends(current_admin)], tags=["admin"])
 
 
-def _service(request: Request) -> DeploymentsService:
+async def _service(request: Request) -> DeploymentsService:
     service: DeploymentsService = request.app.state.deployments_service
     return service
 

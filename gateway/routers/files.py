@@ -37,7 +37,7 @@ can read the error instead of losing the connection while it still sends."""
 _SPOOL_CHUNK = 1024 * 1024
 
 
-def _service(request: Request) -> FilesService:
+async def _service(request: Request) -> FilesService:
     service: FilesService = request.app.state.files_service
     return service
 

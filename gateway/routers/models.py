@@ -15,7 +15,7 @@ from schemas.models_api import Model, ModelList
 router = APIRouter()
 
 
-def _registry(request: Request) -> ModelRegistry:
+async def _registry(request: Request) -> ModelRegistry:
     registry: ModelRegistry = request.app.state.registry
     return registry
 

@@ -2,9 +2,10 @@
 
 In order: resolve the model (404), render the prompt and check the context (400), require a
 ready replica (503), predict TTFT against the pool's SLO (429 with a computed Retry-After;
-interactive only), reserve the team's tokens (429), choose the partition (prefix affinity with
-bounded load), and finally produce the job (503 when the broker refuses, with the quota
-reservation released).
+interactive only), choose the partition (prefix affinity with bounded load) and judge the TTFT
+again on the replica that owns it (429), reserve the team's tokens (429), and finally produce
+the job (503 when the broker refuses, with the quota reservation released). The quota comes
+last of the refusals: a request shed for load costs no reservation and refund.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gateway.services.admission import (
     pool_prefill_rate,
     pool_slots,
 )
-from gateway.services.quota import QuotaService
+from gateway.services.quota import QuotaService, quota_refusal
 from gateway.services.registry import ModelRegistry
 from gateway.services.replica_admission import ReplicaAdmission, shed
 from gateway.services.routing import PartitionRouter, RouteDecision
@@ -46,16 +47,6 @@ log = structlog.get_logger()
 
 Offload = Callable[..., Awaitable[Any]]
 """Runs a blocking callable off the event loop (`ThreadOffload.run`)."""
-
-
-def too_many_requests(message: str, retry_after_s: int, code: str) -> ApiError:
-    return ApiError(
-        429,
-        message,
-        type_="rate_limit_error",
-        code=code,
-        headers={"Retry-After": str(max(retry_after_s, 1))},
-    )
 
 
 def context_length_exceeded(message: str, param: str = "messages") -> ApiError:
@@ -227,27 +218,6 @@ class JobIntake:
             await self._backlog.add(pool, tier, units, team.name, len(prompt))  # never refused
 
         policy = team.policy
-        reservation = await self._quota.reserve_for(
-            team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
-        )
-        if not reservation.allowed:
-            await self._backlog.remove(pool, tier, units, team.name, len(prompt))
-            if not reservation.satisfiable:
-                raise ApiError(
-                    429,
-                    f"This request needs {len(prompt) + max_tokens * choices} tokens, more "
-                    f"than your team's quota of {policy.tokens_per_minute} tokens per minute; "
-                    "lower max_tokens.",
-                    type_="rate_limit_error",
-                    code="rate_limit_exceeded",
-                )
-            raise too_many_requests(
-                f"Rate limit reached for team {team.name}: {policy.tokens_per_minute} tokens "
-                f"per minute. Retry after {reservation.retry_after_s}s.",
-                reservation.retry_after_s,
-                "rate_limit_exceeded",
-            )
-
         now = time.time()
         job = InferenceJob(
             request_id=f"{id_prefix}-{uuid.uuid4().hex}",
@@ -272,15 +242,23 @@ class JobIntake:
         )
         route = await self._route(request, job, replicas)
         owner_id = route.owner_replica_id if route is not None else None
+        owner = next((r for r in replicas if r.replica_id == owner_id), None)
         if predicted is not None:
-            owner = next((r for r in replicas if r.replica_id == owner_id), None)
             judged = self._second_look.judge(
                 job, owner, predicted, deployment.ttft_slo_s, team_queued
             )
-            if judged.retry_after_s is not None:
-                await self.release(AdmittedJob(job=job, partition=None))
+            if judged.retry_after_s is not None:  # refused before the quota is touched
+                await self._unqueue(job)
                 raise self._second_look.refusal(deployment, team.name, judged)
             predicted = judged.prediction
+        reservation = await self._quota.reserve_for(
+            team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
+        )
+        if not reservation.allowed:
+            await self._unqueue(job)
+            raise quota_refusal(team.name, policy.tokens_per_minute, job, reservation)
+        if predicted is not None:
+            self._second_look.sent(job, owner)
         partition = route.partition if route is not None else None
         return AdmittedJob(job=job, partition=partition, prediction=predicted)
 
@@ -357,6 +335,11 @@ class JobIntake:
         job = admitted.job
         policy_tpm = self._quota.policy_for(job.team).tokens_per_minute
         await self._quota.release(job.team, policy_tpm, job.reserved_tokens)
+        await self._unqueue(job)
+
+    async def _unqueue(self, job: InferenceJob) -> None:
+        """Take a job that will not be produced out of the backlog (and its adapter's
+        demand)."""
         await self._backlog.remove(
             job.pool, job.tier, job.backlog_units, job.team, len(job.prompt_token_ids)
         )

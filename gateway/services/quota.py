@@ -10,11 +10,12 @@ from collections.abc import Mapping
 
 import structlog
 
-from schemas.messages import UsageRecord
+from gateway.errors import ApiError
+from schemas.messages import InferenceJob, UsageRecord
 from schemas.teams import TeamPolicy
 from topics.ports import BucketDecision, TokenBucket
 
-__all__ = ["QuotaService", "TeamPolicy"]
+__all__ = ["QuotaService", "TeamPolicy", "quota_refusal"]
 
 log = structlog.get_logger()
 
@@ -85,3 +86,26 @@ class QuotaService:
             if not self._fail_open:
                 raise
             log.warning("quota_refund_failed", team=team_name, error=type(exc).__name__)
+
+
+def quota_refusal(
+    team: str, tokens_per_minute: int, job: InferenceJob, decision: BucketDecision
+) -> ApiError:
+    """The 429 of a job its team's quota refused: for now (with a Retry-After), or for good
+    when the job alone needs more than the quota holds."""
+    if not decision.satisfiable:
+        return ApiError(
+            429,
+            f"This request needs {job.reserved_tokens} tokens, more than your team's quota "
+            f"of {tokens_per_minute} tokens per minute; lower max_tokens.",
+            type_="rate_limit_error",
+            code="rate_limit_exceeded",
+        )
+    return ApiError(
+        429,
+        f"Rate limit reached for team {team}: {tokens_per_minute} tokens per minute. "
+        f"Retry after {decision.retry_after_s}s.",
+        type_="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(max(decision.retry_after_s, 1))},
+    )

@@ -59,7 +59,12 @@ class ReplicaAdmission:
         retry_after = self._admission.retry_after(prediction, slo_s, job.pool)
         if team_waiting == 0:
             retry_after = None
-        if retry_after is None and owner is not None:
+        return Judgement(prediction, retry_after)
+
+    def sent(self, job: InferenceJob, owner: ReplicaHeartbeat | None) -> None:
+        """An admitted job goes to `owner`'s partition: remembered until its heartbeats
+        show it."""
+        if owner is not None:
             self._sends.record(
                 owner.replica_id,
                 job.created_at,
@@ -67,7 +72,6 @@ class ReplicaAdmission:
                 len(job.prompt_token_ids),
                 job.request_id,
             )
-        return Judgement(prediction, retry_after)
 
     def refusal(self, deployment: Deployment, team: str, judgement: Judgement) -> ApiError:
         """The 429 for a request `judge` refused, with the percentile it judged."""

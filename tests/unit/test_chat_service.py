@@ -407,11 +407,23 @@ async def test_a_routed_request_is_predicted_from_its_replicas_slots() -> None:
     assert second.prediction.ttft_s > first.prediction.ttft_s
 
 
+class CountingBucket(OpenBucket):
+    def __init__(self) -> None:
+        self.reserved = self.refunded = 0
+
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        self.reserved += 1
+        return await super().reserve(team, tokens, tokens_per_minute)
+
+    async def refund(self, team: str, tokens: int, tokens_per_minute: int) -> None:
+        self.refunded += 1
+
+
 async def test_a_replica_whose_slots_free_too_late_sheds_after_routing() -> None:
     # The pool's backlog is empty: only the replica's slots can tell.
     directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0), buffered={"t": 1})
-    backlog = Backlog()
-    service, queue, _ = await _service(directory=directory, backlog=backlog)
+    backlog, bucket = Backlog(), CountingBucket()
+    service, queue, _ = await _service(directory=directory, backlog=backlog, bucket=bucket)
     # Another team's first request there is admitted, however late (as at the backlog: a
     # team with nothing waiting is never refused, so one team cannot lock others out).
     first = await service.start(_req(), Team("other"))
@@ -426,6 +438,8 @@ async def test_a_replica_whose_slots_free_too_late_sheds_after_routing() -> None
     assert info.value.headers == {"Retry-After": "7"}
     assert queue.jobs == []
     assert backlog.tokens == {("p", "interactive"): 0}  # what admission took was returned
+    # Shed before its quota was touched: only the first request reserved, nothing refunded.
+    assert (bucket.reserved, bucket.refunded) == (1, 0)
     batch = await service.start(_req(tier="batch"), Team("t"))  # batch waits: never shed
     assert batch.prediction is None
 
