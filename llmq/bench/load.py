@@ -35,6 +35,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel
 
+from llmq.bench.lean_client import lean_session, one_lean_request
 from llmq.bench.load_model import (
     GroupResult,
     LoadReport,
@@ -167,6 +168,7 @@ async def run_load_async(
         )
         for team, key in s.api_keys.items()
     }
+    lean = lean_session(s) if s.client == "aiohttp" else None
     samples: list[RequestSample] = []
     tasks: list[asyncio.Task[None]] = []
     plan: list[tuple[float, RequestSample, list[ChatCompletionMessageParam]]] = []
@@ -213,9 +215,12 @@ async def run_load_async(
                 await asyncio.sleep(delay)
             sample.start_s = time.perf_counter() - started
             samples.append(sample)
-            tasks.append(
-                asyncio.create_task(one_request(clients[sample.team], s, sample, messages))
-            )
+            if lean is not None:
+                key = s.api_keys[sample.team]
+                sending = one_lean_request(lean, key, s, sample, messages)
+            else:
+                sending = one_request(clients[sample.team], s, sample, messages)
+            tasks.append(asyncio.create_task(sending))
         if tasks:
             await asyncio.wait(tasks, timeout=s.drain_timeout_s)
     finally:
@@ -228,6 +233,8 @@ async def run_load_async(
             await asyncio.gather(sampler, return_exceptions=True)
         for client in clients.values():
             await client.close()
+        if lean is not None:
+            await lean.close()
     for sample in samples:
         if sample.status == "ok" and sample.e2e_s is None:
             sample.status, sample.error = "error", "not finished within drain_timeout_s"
@@ -298,7 +305,12 @@ def run_team_flood_scenario(settings: LoadSettings) -> Comparison:
         from llmq.bench.load_split import run_with_flood_process
 
         flood = _with(
-            settings, batch_flood=0, interactive_rate=0.0, team_flood_rate=rate, redis_url=None
+            settings,
+            batch_flood=0,
+            interactive_rate=0.0,
+            team_flood_rate=rate,
+            redis_url=None,
+            client=settings.flood_client,
         )
         variant = run_with_flood_process(steady, flood)
     else:

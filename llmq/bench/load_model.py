@@ -56,6 +56,13 @@ class LoadSettings(BaseModel):
     """team-flood: send the flood from a process of its own, so the client work of its
     requests does not delay the timing of the steady team's (its clients would run on other
     machines); False: one event loop sends and times both."""
+    client: Literal["openai", "aiohttp"] = "openai"
+    """What sends this workload's requests: the OpenAI SDK, or a lean aiohttp client that
+    reads streams as bytes (`llmq.bench.lean_client`)."""
+    flood_client: Literal["openai", "aiohttp"] = "aiohttp"
+    """team-flood: what sends the flood (the steady team is always sent with the OpenAI SDK).
+    The SDK's client work for 30 streamed requests a second took 37% of a core beside the
+    stack; a real flood's clients run elsewhere."""
     sample_interval_s: PositiveFloat = 0.25
     seed: int = 0
 
