@@ -151,23 +151,23 @@ class ChatRenderer:
         self._encoders[deployment.ref] = encoder
         self._tokenizers[deployment.ref] = tokenizer
 
-    def check_fits(self, model: str, messages: list[ChatMessage]) -> None:
+    def check_fits(self, model: str, messages: list[ChatMessage]) -> int:
         """Refuse (`PromptTooLong`) what cannot fit the context, in time linear in the number
-        of messages: a hostile body costs no tokenizing."""
+        of messages: a hostile body costs no tokenizing. Returns the messages' characters (what
+        tokenizing them will cost, roughly)."""
         limits = self._limits.get(model)
-        if limits is None:
-            return
-        if len(messages) > limits.max_prompt_tokens:
+        if limits is not None and len(messages) > limits.max_prompt_tokens:
             raise PromptTooLong(
                 f"{len(messages)} messages cannot fit the model's context of "
                 f"{limits.max_prompt_tokens} tokens."
             )
         chars = sum(_text_chars(m) for m in messages)
-        if chars > limits.max_chars:
+        if limits is not None and chars > limits.max_chars:
             raise PromptTooLong(
                 f"The messages hold {chars} characters, more than can fit the model's "
                 f"context of {limits.max_prompt_tokens} tokens."
             )
+        return chars
 
     def render(self, model: str, messages: list[ChatMessage]) -> list[int]:
         """Token ids of the prompt, refused first if it cannot fit (`check_fits`)."""

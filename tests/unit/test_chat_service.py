@@ -14,7 +14,7 @@ from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.services.admission import AdmissionController
 from gateway.services.chat import ChatService
-from gateway.services.intake import JobIntake
+from gateway.services.intake import INLINE_RENDER_CHARS, JobIntake
 from gateway.services.quota import QuotaService
 from gateway.services.registry import ModelRegistry, ReplicaView
 from gateway.services.routing import PartitionRouter
@@ -150,13 +150,20 @@ async def _service(
     max_model_len: int = 20,
     produce_timeout_s: float = 5.0,
     directory: Directory | None = None,
+    offload: Any = None,
+    ttft_slo_s: float = 1.0,
 ) -> tuple[ChatService, ScriptedQueue, Cancels]:
     relay = RedisReplyRelay(redis=None, gateway_id="g")  # type: ignore[arg-type]
     relay.connected = True
     view = ReplicaView(directory or (Directory("p") if ready else Directory()), refresh_s=1)
     await view.refresh()
     registry = ModelRegistry(
-        [Deployment(name="m", path="/none", pool="p", max_model_len=max_model_len)], view
+        [
+            Deployment(
+                name="m", path="/none", pool="p", max_model_len=max_model_len, ttft_slo_s=ttft_slo_s
+            )
+        ],
+        view,
     )
     queue = queue_cls(relay, ["Hel", "lo"])
     cancels = Cancels()
@@ -170,6 +177,7 @@ async def _service(
         PartitionRouter(),
         request_timeout_s=5,
         produce_timeout_s=produce_timeout_s,
+        offload=offload,
     )
     service = ChatService(intake, relay, cancels, GatewayMetrics())
     return service, queue, cancels
@@ -189,6 +197,24 @@ async def test_job_carries_prompt_limits_and_reply_channel() -> None:
     assert job.reply_to == "llmq:reply:g" and job.team == "t" and job.pool == "p"
     default = (await service.start(_req(), Team("t"))).job
     assert default.sampling.max_tokens == 18  # the rest of the context
+
+
+async def test_only_long_prompts_or_tools_are_tokenized_off_the_event_loop() -> None:
+    offloaded: list[int] = []
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        offloaded.append(len(args[1][0].content))  # the messages' first content
+        return fn(*args)
+
+    service, _, _ = await _service(max_model_len=8192, offload=offload, ttft_slo_s=60)
+    short, long = "x" * INLINE_RENDER_CHARS, "x" * (INLINE_RENDER_CHARS + 1)
+    jobs = [
+        (await service.start(_req(text, max_tokens=1), Team("t"))).job for text in (short, long)
+    ]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    await service.start(_req("hi", max_tokens=1, tools=[tool], tool_choice="required"), Team("t"))
+    assert offloaded == [len(long), 2]  # the long prompt and the one with tools, not the short
+    assert [len(job.prompt_token_ids) for job in jobs] == [len(short), len(long)]
 
 
 @pytest.mark.parametrize(
