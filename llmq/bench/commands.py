@@ -73,6 +73,10 @@ def bench_goodput(
     ),
     rate: Annotated[list[float], typer.Option(help="Offered rates (requests/s).")] = DEFAULT_RATES,
     requests: Annotated[int, typer.Option(help="Requests per rate and target.")] = 24,
+    duration_s: Annotated[
+        float | None,
+        typer.Option(help="Seconds of arrivals per rate and target (rate x this many requests)."),
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 32,
     ttft_slo_s: Annotated[float, typer.Option(help="TTFT SLO for goodput (s).")] = 1.0,
     tpot_slo_s: Annotated[float, typer.Option(help="TPOT SLO for goodput (s).")] = 0.1,
@@ -98,8 +102,8 @@ def bench_goodput(
     settings = GoodputSettings.model_validate(
         {
             "base_url": base_url, "api_key": api_key, "model": model, "rates": rate,
-            "requests": requests, "max_tokens": max_tokens, "ttft_slo_s": ttft_slo_s,
-            "tpot_slo_s": tpot_slo_s, "targets": target, "engine": engine,
+            "requests": requests, "duration_s": duration_s, "max_tokens": max_tokens,
+            "ttft_slo_s": ttft_slo_s, "tpot_slo_s": tpot_slo_s, "targets": target, "engine": engine,
             "max_num_seqs": max_num_seqs,
         }
     )  # fmt: skip

@@ -51,7 +51,11 @@ class GoodputSettings(BaseModel):
     rates: list[PositiveFloat] = Field(default_factory=lambda: [0.25, 0.5, 1.0], min_length=1)
     """Offered request rates (requests per second), one level each."""
     requests: int = Field(default=24, ge=1)
-    """Requests per (rate, target)."""
+    """Requests per (rate, target), unless ``duration_s`` is set."""
+    duration_s: PositiveFloat | None = None
+    """Seconds of arrivals per (rate, target): each rate then offers ``rate * duration_s``
+    requests, so every level lasts as long and an overload is sustained (a fixed count gives
+    a fast rate only a few seconds, too short for the direct server's queue to build)."""
     max_tokens: int = Field(default=32, ge=1)
     ttft_slo_s: float = 1.0
     tpot_slo_s: float = 0.1
@@ -108,6 +112,13 @@ class GoodputReport(BaseModel):
 
     def result(self, target: Target, rate: float) -> RateResult | None:
         return next((r for r in self.results if r.target == target and r.rate == rate), None)
+
+
+def requests_at(settings: GoodputSettings, rate: float) -> int:
+    """How many requests a rate offers: ``duration_s`` worth of arrivals, or ``requests``."""
+    if settings.duration_s is None:
+        return settings.requests
+    return max(1, round(rate * settings.duration_s))
 
 
 def arrivals(rate: float, count: int, seed: int) -> list[float]:
@@ -198,8 +209,8 @@ async def _scrape(metrics_url: str) -> dict[float, float]:
 async def run_rate(
     client: openai.AsyncOpenAI, settings: GoodputSettings, target: Target, rate: float
 ) -> RateResult:
-    """settings.requests requests on the rate's Poisson schedule (same for every target)."""
-    schedule = arrivals(rate, settings.requests, settings.seed)
+    """`requests_at` the rate, on its Poisson schedule (the same for every target)."""
+    schedule = arrivals(rate, requests_at(settings, rate), settings.seed)
     start = time.perf_counter()
 
     async def at(index: int, offset: float) -> RequestSample:
@@ -308,9 +319,14 @@ def _ratio(value: float | None) -> str:
 
 def format_report(report: GoodputReport) -> str:
     s = report.settings
+    per_level = (
+        f"{s.requests} requests"
+        if s.duration_s is None
+        else f"{s.duration_s:g} s of arrivals (rate x {s.duration_s:g} requests)"
+    )
     lines = [
         f"llmq bench goodput: model {s.model}, engine {report.engine}, "
-        f"{s.requests} requests per rate and target, "
+        f"{per_level} per rate and target, "
         f"max_tokens {s.max_tokens}, SLO TTFT <= {s.ttft_slo_s:g} s and TPOT <= "
         f"{s.tpot_slo_s * 1000:g} ms, machine {report.machine} (cpus {os.cpu_count()})",
         f"{'rate':>6} {'target':<7}{'offered':>8}{'admitted':>9}{'refused':>8}{'failed':>7}"

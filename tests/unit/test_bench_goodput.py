@@ -15,7 +15,9 @@ from llmq.bench.goodput import (
     GoodputSettings,
     arrivals,
     bucket_counts,
+    format_report,
     quantile_from_buckets,
+    requests_at,
     summarize_rate,
 )
 from llmq.bench.overhead import RequestSample
@@ -27,6 +29,15 @@ def test_arrivals_are_poisson_at_the_rate_and_repeatable() -> None:
     assert times == arrivals(4.0, 4_000, seed=3) and times != arrivals(4.0, 4_000, seed=4)
     assert times[0] == 0.0 and times == sorted(times)
     assert times[-1] / (len(times) - 1) == pytest.approx(0.25, rel=0.05)
+
+
+def test_a_duration_gives_every_rate_as_many_seconds_of_arrivals() -> None:
+    fixed = GoodputSettings(requests=120)
+    assert [requests_at(fixed, rate) for rate in (4, 32)] == [120, 120]
+    timed = GoodputSettings(requests=120, duration_s=20)
+    assert [requests_at(timed, rate) for rate in (0.01, 4, 24, 32)] == [1, 80, 480, 640]
+    header = format_report(GoodputReport(settings=timed, machine="m")).splitlines()[0]
+    assert "20 s of arrivals" in header and "120 requests" not in header
 
 
 def test_goodput_counts_only_requests_within_both_slos() -> None:
