@@ -48,6 +48,10 @@ _STOP_TIMEOUT_S = {"gateway": 30.0, "worker": 60.0, "controller": 120.0}
 """Seconds a part gets to exit after SIGTERM (the worker drains in-flight work); default 10."""
 
 
+SIM_ENV = "LLMQ_SIM_"
+"""The prefix of the settings that choose a simulated worker's modelled GPU and model."""
+
+
 def state_path() -> Path:
     """Where the running stack is recorded."""
     return paths.run_dir() / "stack.json"
@@ -70,6 +74,16 @@ def read_state() -> list[ManagedProcess] | None:
     return [ManagedProcess.from_dict(part) for part in data.get("parts", [])]
 
 
+def stack_simulated_env() -> dict[str, str]:
+    """The ``LLMQ_SIM_*`` settings the running local stack's simulated workers were started
+    with ({} when no stack runs, or its workers run vLLM)."""
+    try:
+        data = json.loads(state_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.get("simulated_env", {}).items()}
+
+
 def _write_state(parts: list[ManagedProcess], settings: DevStackSettings) -> None:
     path = state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +93,8 @@ def _write_state(parts: list[ManagedProcess], settings: DevStackSettings) -> Non
         "gateway_url": settings.gateway_url,
         "parts": [p.to_dict() for p in parts],
     }
+    if settings.engine == "simulated":  # what benchmarks' direct servers must model too
+        data["simulated_env"] = {k: v for k, v in os.environ.items() if k.startswith(SIM_ENV)}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)

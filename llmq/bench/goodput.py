@@ -254,10 +254,10 @@ async def _measure(
 
 
 def simulated_engine_description() -> str:
-    """What ``LLMQ_SIM_*`` make the simulated engines model (stack and direct alike)."""
-    from workers.settings import WorkerSettings
+    """What the simulated engines model (stack and direct alike: `modelled_settings`)."""
+    from llmq.bench.sim_server import modelled_settings
 
-    sim = WorkerSettings(engine="simulated")
+    sim = modelled_settings()
     return (
         f"SIMULATED {sim.sim_model} on {sim.sim_tensor_parallel}x {sim.sim_gpu} "
         f"(time scale {sim.sim_time_scale:g}; direct = llmq.bench.sim_server)"

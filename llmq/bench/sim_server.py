@@ -36,15 +36,35 @@ from workers.main import build_simulated_engine
 from workers.settings import WorkerSettings
 
 
+def modelled_env() -> dict[str, str]:
+    """The ``LLMQ_SIM_*`` a direct simulated server models: this process's environment,
+    overridden by what the running local stack's workers were started with, so both targets
+    model the same GPU and model even when the benchmark's shell lacks the stack's settings."""
+    from llmq.devstack import SIM_ENV, stack_simulated_env
+
+    own = {k: v for k, v in os.environ.items() if k.startswith(SIM_ENV)}
+    return {**own, **stack_simulated_env()}
+
+
+def modelled_settings() -> WorkerSettings:
+    """A simulated worker's settings as `modelled_env` makes them."""
+    from llmq.devstack import SIM_ENV
+
+    fields: dict[str, Any] = {
+        f"sim_{k.removeprefix(SIM_ENV).lower()}": v for k, v in modelled_env().items()
+    }
+    return WorkerSettings(engine="simulated", **fields)
+
+
 def start_sim_server(
     model: str, model_path: Path, *, max_num_seqs: int, max_model_len: int, timeout_s: float = 60
 ) -> tuple[services.ManagedProcess, str]:
     """Start this server on a free loopback port; return it with its base URL once /health
-    answers. ``LLMQ_SIM_*`` in this process's environment choose the modelled GPU and model
-    (as they do for the stack's simulated workers)."""
+    answers. `modelled_env` chooses the modelled GPU and model (the running stack's)."""
     port = services.free_port()
     env = {
         **os.environ,
+        **modelled_env(),
         "LLMQ_MODEL": model,
         "LLMQ_MODEL_PATH": str(model_path),
         "LLMQ_MAX_NUM_SEQS": str(max_num_seqs),

@@ -1,11 +1,16 @@
-"""The local stack's layout: two models in two pools by default, one when asked."""
+"""The local stack's layout: two models in two pools by default, one when asked; what a
+simulated stack records for benchmarks."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from llmq.devstack import _gateway_env
+import pytest
+
+from llmq.bench.goodput import simulated_engine_description
+from llmq.bench.sim_server import modelled_settings
+from llmq.devstack import _gateway_env, _write_state, stack_simulated_env
 from llmq.devstack_settings import DevStackSettings
 from schemas.deployment import Deployment
 
@@ -30,3 +35,25 @@ def test_an_empty_second_model_leaves_one() -> None:
     settings = DevStackSettings(second_model="", workers=2)
     assert [d.name for d in _deployments(settings)] == ["smollm2-135m-instruct"]
     assert settings.pools == ["smollm2"] and settings.expected_workers == 2
+
+
+def test_benchmarks_model_the_gpu_the_running_simulated_stack_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMQ_HOME", str(tmp_path))
+    monkeypatch.setenv("LLMQ_SIM_MODEL", "llama-3-70b")
+    monkeypatch.setenv("LLMQ_SIM_TENSOR_PARALLEL", "4")
+    _write_state([], DevStackSettings(engine="simulated"))
+    # The benchmark's shell lacks the stack's settings, or says otherwise: the stack's win.
+    monkeypatch.delenv("LLMQ_SIM_MODEL")
+    monkeypatch.setenv("LLMQ_SIM_TENSOR_PARALLEL", "2")
+    monkeypatch.setenv("LLMQ_SIM_GPU", "h200")
+    assert stack_simulated_env() == {
+        "LLMQ_SIM_MODEL": "llama-3-70b",
+        "LLMQ_SIM_TENSOR_PARALLEL": "4",
+    }
+    sim = modelled_settings()
+    assert (sim.sim_model, sim.sim_tensor_parallel, sim.sim_gpu) == ("llama-3-70b", 4, "h200")
+    assert simulated_engine_description().startswith("SIMULATED llama-3-70b on 4x h200")
+    _write_state([], DevStackSettings(engine="vllm"))  # a vLLM stack models nothing
+    assert stack_simulated_env() == {}
