@@ -131,6 +131,7 @@ class Worker:
                 batch_kv_watermark=settings.batch_kv_watermark,
                 batch_max_in_flight=settings.batch_max_in_flight,
                 team_slot_reserve=settings.team_slot_reserve,
+                light_burst_sigmas=settings.light_burst_sigmas,
             )
             loop = PullLoop(
                 consumer,

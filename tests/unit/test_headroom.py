@@ -344,8 +344,8 @@ def test_a_light_team_may_burst_and_a_heavy_one_leaves_it_room(
     ("usage", "light", "cap"),
     [
         ({"a": 0.2, "b": 6.0}, {"a"}, 5),  # a barely sends: b keeps 8 - 1 - 2 slots
-        ({"a": 1.0, "b": 6.0}, {"a"}, 4),  # room 1 + 2 * 1 = 3
-        ({"a": 3.0, "b": 6.0}, {"a"}, 2),  # room 3 + 3.5 -> 7: b keeps half its share
+        ({"a": 1.0, "b": 6.0}, {"a"}, 3),  # room 1 + 3 * 1 = 4
+        ({"a": 3.0, "b": 6.0}, {"a"}, 2),  # room 3 + 5.2 -> 9: b keeps half its share
         ({"a": 4.0, "b": 4.5}, set(), 4),  # neither is light: plain weighted shares
     ],
 )
