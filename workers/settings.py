@@ -95,8 +95,8 @@ class WorkerSettings(BaseSettings):
     light_burst_sigmas: float = Field(default=3.0, ge=0)
     """Slots a flooding team leaves a steady one: the steady team's average use plus this many
     standard deviations of a Poisson count with that mean. 3: its requests find a slot about
-    99.5% of the time, so its TTFT p95 holds; 2 leaves the flood about one slot more, and
-    some 3% of the steady team's requests wait for one."""
+    99.5% of the time, so slot waits take little of its TTFT p95's 5%; 2 leaves the flood
+    about one slot more, and some 3% of the steady team's requests wait for one."""
     team_usage_window_s: float = 30.0
     """How far back a worker looks to tell a steady team from a flooding one (the window of
     its moving averages of slots held and time spent waiting); a team new to the worker
