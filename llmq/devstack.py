@@ -61,26 +61,31 @@ def logs_dir() -> Path:
     return paths.run_dir() / "logs"
 
 
-def read_state() -> list[ManagedProcess] | None:
-    """The parts recorded in the state file, in start order (None when there is none)."""
+def _read_state_file() -> dict[str, Any] | None:
+    """The state file's contents: None when there is none, {} when it cannot be read."""
     path = state_path()
     try:
-        data = json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         log.warning("state_file_unreadable", path=str(path), error=str(exc))
-        return []
+        return {}
+    return data
+
+
+def read_state() -> list[ManagedProcess] | None:
+    """The parts recorded in the state file, in start order (None when there is none)."""
+    data = _read_state_file()
+    if data is None:
+        return None
     return [ManagedProcess.from_dict(part) for part in data.get("parts", [])]
 
 
 def stack_simulated_env() -> dict[str, str]:
     """The ``LLMQ_SIM_*`` settings the running local stack's simulated workers were started
     with ({} when no stack runs, or its workers run vLLM)."""
-    try:
-        data = json.loads(state_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    data = _read_state_file() or {}
     return {str(k): str(v) for k, v in data.get("simulated_env", {}).items()}
 
 
