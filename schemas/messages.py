@@ -7,6 +7,7 @@ client can read them.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -276,6 +277,24 @@ class TokenEvent(Message):
     generated_at: float | None = None
     """When the worker received the step from the engine (Unix time): how streaming is
     checked to send nothing before the first generated token, and relay latency measured."""
+
+
+def token_event_bytes(
+    request_id: str,
+    seq: int,
+    text: str,
+    num_tokens: int,
+    attempt: int,
+    index: int,
+    generated_at: float,
+) -> bytes:
+    """A `TokenEvent` without log probabilities, as its JSON, without building the model:
+    the worker's per-token path. It reads back as `TokenEvent(...)` with these fields."""
+    return (
+        f'{{"schema_version":1,"type":"token","request_id":{json.dumps(request_id)},'
+        f'"seq":{seq},"text":{json.dumps(text)},"num_tokens":{num_tokens},'
+        f'"attempt":{attempt},"index":{index},"generated_at":{generated_at!r}}}'
+    ).encode()
 
 
 class FinishEvent(Message):

@@ -5,9 +5,10 @@ Adapters (`topics.kafka`, `topics.redis_relay`) implement them; services depend 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from schemas.adapters import AdapterRecord
 from schemas.heartbeat import ReplicaHeartbeat
@@ -90,11 +91,31 @@ class ReplyRelay(Protocol):
         """Stop collecting a request's events."""
 
 
+class Delivered(NamedTuple):
+    """A streamed job's usage to record as delivered if its token event reaches a gateway:
+    the attempt hash (`JobAttempts`) then holds exactly what its caller has seen."""
+
+    attempt_key: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
 class EventPublisher(Protocol):
-    """Worker side of the token relay."""
+    """Worker side of the token relay. Events reach the relay in the order they are handed
+    over, whether by `publish` or by `push`."""
 
     async def publish(self, channel: str, event: ReplyEventT) -> int:
         """Publish one event; return how many gateways received it (0: nobody listens)."""
+        ...
+
+    def push(
+        self, channel: str, payload: bytes, delivered: Delivered | None = None
+    ) -> asyncio.Future[dict[str, int]]:
+        """Hand over one token event's JSON without waiting (the per-token path); with
+        `delivered`, record that usage if a gateway receives it, atomically with the publish.
+        The future resolves to the subscribers reached per channel of the message that
+        carried it (0: nobody listens), or to the publish's exception."""
         ...
 
 
@@ -177,14 +198,6 @@ class JobAttempts(Protocol):
 
     async def ended(self, key: str) -> None:
         """The run ended in a handled way (an outcome, a preemption, a shutdown)."""
-        ...
-
-    async def publish_delivered(
-        self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
-    ) -> bool:
-        """Publish a streamed token event and, if a gateway received it, record `usage` as
-        delivered, atomically: a caller has seen exactly the tokens recorded here. False when
-        no gateway listens on the channel (it restarted, or its relay is cut)."""
         ...
 
 

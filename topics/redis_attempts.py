@@ -1,7 +1,8 @@
 """Redis adapter for job runs: one hash per job counting its runs and what they streamed.
 
 Fields: ``starts`` and ``ends`` (runs begun, and runs that ended in a handled way), and
-``prompt``/``cached``/``completion`` (the usage the caller has seen so far). A run that began
+``prompt``/``cached``/``completion`` (the usage the caller has seen so far, written with the
+token events that carried it: `topics.redis_reply_batch`). A run that began
 but never ended is one whose worker died (SIGKILL, OOM, node loss) or whose engine raised.
 """
 
@@ -12,9 +13,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from schemas.messages import TokenEvent, UsageCounts
+from schemas.messages import UsageCounts
 from topics.ports import AttemptRecord
-from topics.redis_reply_batch import RedisReplyBatch
 
 
 class RedisJobAttempts:
@@ -22,7 +22,6 @@ class RedisJobAttempts:
         self._redis = redis
         self.ttl_s = ttl_s
         """How long a job's hash lives after its last run began."""
-        self._batch = RedisReplyBatch(redis)
 
     async def begin(self, key: str) -> AttemptRecord:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -54,13 +53,6 @@ class RedisJobAttempts:
 
     async def ended(self, key: str) -> None:
         await self._redis.hincrby(key, "ends", 1)
-
-    async def publish_delivered(
-        self, key: str, channel: str, event: TokenEvent, usage: UsageCounts
-    ) -> bool:
-        # With the events of the same engine step, in one round trip (`RedisReplyBatch`).
-        reached = await self._batch.send(channel, event.to_bytes(), (key, usage))
-        return int(reached) > 0
 
     async def runs(self, key: str) -> int:
         """How many runs of the job began (0 if none is remembered)."""

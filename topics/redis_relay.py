@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import CancelEvent, ErrorEvent, ReplyBatchEvent, relay_message_adapter
 from topics import catalog
-from topics.ports import ReplyEventT
+from topics.ports import Delivered, ReplyEventT
 from topics.redis_client import channel_messages
 from topics.redis_reply_batch import RedisReplyBatch
 
@@ -157,14 +157,19 @@ class RedisReplyRelay:
 
 
 class RedisEventPublisher:
-    """Worker side of the relay: publish one event to the requesting gateway's channel (in
-    one round trip with the other events of the same engine step: `RedisReplyBatch`)."""
+    """Worker side of the relay: events to the requesting gateways' channels, batched with
+    the other events handed over meanwhile (`RedisReplyBatch`), in the order handed over."""
 
     def __init__(self, redis: Redis) -> None:
         self._batch = RedisReplyBatch(redis)
 
     async def publish(self, channel: str, event: ReplyEventT) -> int:
         return await self._batch.send(channel, event.to_bytes())
+
+    def push(
+        self, channel: str, payload: bytes, delivered: Delivered | None = None
+    ) -> asyncio.Future[dict[str, int]]:
+        return self._batch.push(channel, payload, delivered)
 
 
 class RedisCancelBus:

@@ -21,6 +21,7 @@ from schemas.messages import (
     TokenEvent,
     UsageCounts,
     UsageRecord,
+    token_event_bytes,
 )
 from topics.catalog import attempt_key
 from topics.ports import (
@@ -28,6 +29,7 @@ from topics.ports import (
     BatchCancellations,
     CancelBus,
     DeadLetterSink,
+    Delivered,
     EventPublisher,
     JobAttempts,
     JobLedger,
@@ -37,7 +39,8 @@ from topics.ports import (
     UsageSink,
 )
 from workers.dead_letters import dead_letter_for_failing_job
-from workers.engine.port import EngineClient, EngineRequestError
+from workers.deliveries import CallerGone, Deliveries
+from workers.engine.port import EngineClient, EngineRequestError, EngineStep
 from workers.job_output import Buffered, JobOutput
 from workers.job_start import GatheredJobStart
 from workers.load import LoadTracker
@@ -65,10 +68,6 @@ class JobOrigin:
 
 class RunFailed(Exception):
     """The engine raised before the caller saw a token: run the job again (re-queue it)."""
-
-
-class _CallerGone(Exception):
-    """A token event reached no gateway: nobody waits for this request any more."""
 
 
 class JobRunner:
@@ -147,25 +146,36 @@ class JobRunner:
             raise
 
         started = time.time()
-        usage = UsageCounts(prompt_tokens=len(job.prompt_token_ids))
+        # Usage as plain numbers per token; `usage()` builds the record when one is needed.
+        prompt_tokens, cached_tokens, completion_tokens = len(job.prompt_token_ids), 0, 0
+
+        def usage() -> UsageCounts:
+            return UsageCounts(
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached_tokens,
+                completion_tokens=completion_tokens,
+            )
+
+        deliveries = Deliveries(job.reply_to)
+
+        def seen() -> UsageCounts:
+            """What the caller has seen: a streaming job's received events; otherwise
+            (it sees the whole output at the end) what an earlier run streamed, if any."""
+            received = deliveries.received if job.stream else None
+            return received or earlier.delivered
+
         outcome = "stop"
         # Batch output is published whole at the end: a batch job may be preempted and run
         # again, and its caller must never see the restart.
         buffered: dict[int, Buffered] | None = {} if job.tier == "batch" else None
         ends: dict[int, FinishReason] = {}  # each choice's finish reason, by index
-        published = usage  # what reached a gateway (a non-streaming one buffers it)
         seq = 0
         first_token_at: float | None = None
         self._load.started(job)
         try:
             async for step in self._engine.generate(job):
-                # Per token: built without validation (typed values from the engine; the
-                # gateway validates what it reads).
-                usage = UsageCounts.model_construct(
-                    prompt_tokens=step.prompt_tokens,
-                    cached_tokens=step.cached_tokens,
-                    completion_tokens=usage.completion_tokens + step.num_new_tokens,
-                )
+                prompt_tokens, cached_tokens = step.prompt_tokens, step.cached_tokens
+                completion_tokens += step.num_new_tokens
                 self._load.produced(job.request_id, step.num_new_tokens, step.cached_tokens)
                 if step.finish_reason is not None:
                     ends[step.index] = "length" if step.finish_reason == "length" else "stop"
@@ -176,33 +186,21 @@ class JobRunner:
                 if buffered is not None:
                     buffered.setdefault(step.index, Buffered()).add(step)
                     continue
-                event = TokenEvent.model_construct(
-                    request_id=job.request_id,
-                    seq=seq,
-                    text=step.text,
-                    num_tokens=step.num_new_tokens,
-                    attempt=earlier.attempt,
-                    logprobs=step.logprobs,
-                    index=step.index,
-                    generated_at=time.time(),
-                )
-                if job.stream:  # the caller sees it now: record that, with the publish
-                    reached = await self._attempts.publish_delivered(
-                        key, job.reply_to, event, usage
-                    )
-                else:
-                    reached = await self._publisher.publish(job.reply_to, event) > 0
-                if not reached:
-                    raise _CallerGone
-                delivered = usage if job.stream else delivered
-                published = usage
+                deliveries.check()  # the gateway's answers so far: is anyone still listening?
+                payload = self._token_bytes(job, seq, step, earlier.attempt)
+                counts = (prompt_tokens, cached_tokens, completion_tokens)
+                # A streaming caller sees it now: record that, atomically with the publish.
+                record = Delivered(key, *counts) if job.stream else None
+                deliveries.sent(self._publisher.push(job.reply_to, payload, record), counts)
                 seq += 1
+            await deliveries.settle()
             self._ending.add(job.request_id)  # a cancel from now on changes nothing
             finish_reason: FinishReason = ends.get(0, "stop")
             outcome = finish_reason
             choices = job.sampling.n
             reasons = tuple(ends.get(i, "stop") for i in range(choices)) if choices > 1 else ()
-            await self._output.finished(job, buffered, finish_reason, usage, reasons, started)
+            await self._output.finished(job, buffered, finish_reason, usage(), reasons, started)
+            final = usage()
         except asyncio.CancelledError:
             self._ending.discard(job.request_id)
             if job.request_id not in self._client_cancelled:
@@ -213,39 +211,56 @@ class JobRunner:
                 raise
             self._client_cancelled.discard(job.request_id)
             outcome = "cancelled"
-            await self._finished(job, outcome, usage, started)
+            await self._finished(job, outcome, usage(), started)
             raise
-        except _CallerGone:
+        except CallerGone:
             # No gateway holds the request any more (it restarted, or its relay was cut and
             # it ended the stream): stop, and bill what reached a gateway.
             with contextlib.suppress(Exception):
                 await self._engine.abort(job.request_id)
-            outcome, usage = "caller_gone", published
-            bound.info("job_abandoned", reason="no gateway listens", tokens=usage.completion_tokens)
+            outcome = "caller_gone"
+            final = deliveries.received or UsageCounts(prompt_tokens=prompt_tokens)
+            bound.info("job_abandoned", reason="no gateway listens", tokens=final.completion_tokens)
         except EngineRequestError as exc:  # the same on every run: answer it, do not retry
-            bound.info("job_refused_by_engine", tokens=delivered.completion_tokens)
-            outcome, usage = exc.code, delivered
+            await deliveries.settle_quietly()
+            outcome, final = exc.code, seen()
+            bound.info("job_refused_by_engine", tokens=final.completion_tokens)
             await self._output.error(
-                job, exc.code, f"The engine refused this request: {exc}", delivered
+                job, exc.code, f"The engine refused this request: {exc}", final
             )
         except Exception as exc:
             bound.error("job_failed", error=type(exc).__name__, attempt=earlier.attempt)
-            if delivered.completion_tokens == 0:
+            await deliveries.settle_quietly()  # what the caller saw decides: re-run or end
+            final = seen()
+            if final.completion_tokens == 0:
                 raise RunFailed(type(exc).__name__) from exc  # re-queued; the caller saw nothing
             outcome = "engine_error"
             await self._output.error(
-                job, "engine_error", "The engine failed while running this request.", delivered
+                job, "engine_error", "The engine failed while running this request.", final
             )
-            usage = delivered
         finally:
             self._load.finished(job.request_id)
             if on_engine_done is not None:
                 on_engine_done()
         try:
-            await self._finished(job, outcome, usage, started, first_token_at, origin)
+            await self._finished(job, outcome, final, started, first_token_at, origin)
         finally:
             self._ending.discard(job.request_id)
-        return JobOutcome(outcome, usage)
+        return JobOutcome(outcome, final)
+
+    @staticmethod
+    def _token_bytes(job: InferenceJob, seq: int, step: EngineStep, attempt: int) -> bytes:
+        """One step's token event as JSON (built directly unless it carries log probabilities:
+        per token, a model costs more than everything else the worker does)."""
+        if step.logprobs is None:
+            return token_event_bytes(
+                job.request_id, seq, step.text, step.num_new_tokens, attempt, step.index,
+                time.time(),
+            )  # fmt: skip
+        return TokenEvent(
+            request_id=job.request_id, seq=seq, text=step.text, num_tokens=step.num_new_tokens,
+            attempt=attempt, logprobs=step.logprobs, index=step.index, generated_at=time.time(),
+        ).to_bytes()  # fmt: skip
 
     async def _ended_before_running(
         self, job: InferenceJob, earlier: AttemptRecord, origin: JobOrigin | None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -35,6 +36,31 @@ from workers.engine.sim_lora import LoraTimings, SimLoraSlots
 from workers.engine.sim_model import KvBlockPool, ReplicaProfile, block_hashes
 
 SeqState = Literal["waiting", "running", "done"]
+
+
+class StepMailbox:
+    """One request's steps, from the engine's step loop to its stream: a deque and at most
+    one waiter. (An `asyncio.Queue`'s bookkeeping cost more per token than the hand-over.)"""
+
+    __slots__ = ("_steps", "_waiter", "token")
+
+    def __init__(self) -> None:
+        self._steps: deque[EngineStep] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.token: EngineStep | None = None
+        """The step of one mid-stream token, the same each time (built once)."""
+
+    def put(self, step: EngineStep) -> None:
+        self._steps.append(step)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> EngineStep:
+        while not self._steps:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._steps.popleft()
 
 
 @dataclass(eq=False)
@@ -58,7 +84,7 @@ class SimSequence:
     private_blocks: int = 0
     finish_reason: str | None = None
     preemptions: int = 0
-    queue: asyncio.Queue[EngineStep] | None = field(default=None, repr=False)
+    mailbox: StepMailbox | None = field(default=None, repr=False)
     """Where `SimulatedGpuEngine` puts its steps for the request's stream (None in virtual time)."""
 
     def remaining(self) -> int:

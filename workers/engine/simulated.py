@@ -13,7 +13,6 @@ is work, sleeping each step's duration / ``time_scale`` (simulated seconds per w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import structlog
@@ -30,7 +29,7 @@ from workers.engine.sim_model import (
     ModelProfile,
     ReplicaProfile,
 )
-from workers.engine.sim_replica import SimReplica, SimSequence, SimStepResult
+from workers.engine.sim_replica import SimReplica, SimSequence, SimStepResult, StepMailbox
 from workers.engine.vllm_engine import TIER_PRIORITY, openai_finish_reason
 
 __all__ = [
@@ -101,19 +100,14 @@ class SimulatedGpuEngine(SimReplica):
             self._wake.set()
             self._task = asyncio.create_task(self._loop(), name=f"sim-engine-{self.name}")
 
-    async def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
+    def generate(self, job: InferenceJob) -> AsyncIterator[EngineStep]:
         """Stream one job: one placeholder token per step; closing the iterator aborts it."""
-        if self._task is None:
-            raise RuntimeError("engine not started")
         adapter = job.adapter.id if job.adapter is not None else None
         salt = (adapter, job.cache_salt)  # as in vLLM: both are part of the block hash
         priority = TIER_PRIORITY.get(job.tier, 0)
-        steps = self.stream(
+        return self.stream(
             job.request_id, job.prompt_token_ids, job.sampling.max_tokens, priority, salt, adapter
         )
-        async with contextlib.aclosing(steps):  # closing this iterator aborts the request
-            async for step in steps:
-                yield step
 
     async def stream(
         self,
@@ -124,16 +118,16 @@ class SimulatedGpuEngine(SimReplica):
         salt: object = None,
         adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
-        """`generate` without a job message (for a queue-less server over this engine)."""
+        """`generate`'s stream (also for a queue-less server over this engine); closing it
+        aborts the request."""
         if self._task is None:
             raise RuntimeError("engine not started")
         seq = self.submit(request_id, prompt_token_ids, max_tokens, priority, salt, adapter)
-        queue: asyncio.Queue[EngineStep] = asyncio.Queue()
-        seq.queue = queue
+        mailbox = seq.mailbox = StepMailbox()
         finished = False
         try:
             while not finished:
-                step = await queue.get()
+                step = await mailbox.get()
                 finished = step.finished
                 yield step
         finally:
@@ -143,8 +137,8 @@ class SimulatedGpuEngine(SimReplica):
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with a final, finished step (as vLLM's does)."""
         seq = self.abort_request(request_id)
-        if seq is not None and seq.queue is not None:
-            seq.queue.put_nowait(self._event(seq, 0))
+        if seq is not None and seq.mailbox is not None:
+            seq.mailbox.put(self._event(seq, 0))
 
     async def shutdown(self) -> None:
         task, self._task = self._task, None
@@ -178,5 +172,11 @@ class SimulatedGpuEngine(SimReplica):
             if delay < -wall:
                 deadline = loop.time()  # far behind: stop catching up
             for seq in result.emitted:
-                if seq.queue is not None and seq.finish_reason != "abort":
-                    seq.queue.put_nowait(self._event(seq, 1))
+                mailbox = seq.mailbox
+                if mailbox is None or seq.finish_reason == "abort":
+                    continue
+                if seq.state == "done":
+                    mailbox.put(self._event(seq, 1))
+                else:
+                    mailbox.token = mailbox.token or self._event(seq, 1)
+                    mailbox.put(mailbox.token)
