@@ -1,6 +1,6 @@
-"""The worker's side of the relay on a real Valkey: the events runners publish in the same
-turn of the event loop travel as one message per gateway channel, and a streamed job's usage
-is recorded as delivered only when its gateway received the message."""
+"""The worker's side of the relay on a real Valkey: the events runners hand over together
+travel as one message per gateway channel, one batch at a time and in the order handed over,
+and a streamed job's usage is recorded as delivered only when its gateway received it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from schemas.messages import (
-    ReplyBatchEvent,
-    TokenEvent,
-    UsageCounts,
-    relay_message_adapter,
-)
+from schemas.messages import ReplyBatchEvent, TokenEvent, relay_message_adapter
+from topics.ports import Delivered
 from topics.redis_reply_batch import RedisReplyBatch
 
 pytestmark = pytest.mark.integration
@@ -33,8 +29,8 @@ async def _next_data(pubsub: PubSub, within_s: float) -> bytes | None:
     return None
 
 
-def _token(request_id: str) -> bytes:
-    return TokenEvent(request_id=request_id, seq=0, text="t", num_tokens=1).to_bytes()
+def _token(request_id: str, seq: int = 0) -> bytes:
+    return TokenEvent(request_id=request_id, seq=seq, text="t", num_tokens=1).to_bytes()
 
 
 async def test_one_message_per_channel_and_usage_recorded_only_where_received(
@@ -45,13 +41,16 @@ async def test_one_message_per_channel_and_usage_recorded_only_where_received(
     pubsub = redis.pubsub()
     await pubsub.subscribe(listened)
     batch = RedisReplyBatch(redis)
-    usage = UsageCounts(prompt_tokens=5, cached_tokens=1, completion_tokens=2)
+
+    def usage(key: str) -> Delivered:
+        return Delivered(f"{run}:{key}", prompt_tokens=5, cached_tokens=1, completion_tokens=2)
+
     try:
         reached = await asyncio.gather(
-            batch.send(listened, _token("r1"), (f"{run}:r1", usage)),
-            batch.send(listened, _token("r2"), (f"{run}:r2", usage)),
+            batch.send(listened, _token("r1"), usage("r1")),
+            batch.send(listened, _token("r2"), usage("r2")),
             batch.send(listened, _token("r3")),
-            batch.send(unheard, _token("r4"), (f"{run}:r4", usage)),
+            batch.send(unheard, _token("r4"), usage("r4")),
         )
         assert list(reached) == [1, 1, 1, 0]
         message = await _next_data(pubsub, 5)
@@ -68,9 +67,39 @@ async def test_one_message_per_channel_and_usage_recorded_only_where_received(
         assert await redis.exists(f"{run}:r4") == 0  # nobody received it: nothing delivered
 
         # A send on its own (the next engine step) goes out bare, as one event.
-        assert await batch.send(listened, _token("r1"), (f"{run}:r1", usage)) == 1
+        assert await batch.send(listened, _token("r1"), usage("r1")) == 1
         single = await _next_data(pubsub, 5)
         assert single is not None
         assert isinstance(relay_message_adapter.validate_json(single), TokenEvent)
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+
+
+async def test_batches_go_one_at_a_time_and_keep_the_order_events_were_handed_over(
+    redis: Redis,
+) -> None:
+    channel = f"llmq:reply:{uuid.uuid4().hex[:8]}"
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(channel)
+    batch = RedisReplyBatch(redis)
+    answers: list[asyncio.Future[dict[str, int]]] = []
+    try:
+        for seq in range(60):  # runners handing over tokens while earlier batches are out
+            answers.append(batch.push(channel, _token("r", seq)))
+            if seq % 7 == 0:
+                await asyncio.sleep(0)  # let the event loop turn (a runner awaiting its engine)
+        results = await asyncio.wait_for(asyncio.gather(*answers), 10)
+        assert all(result[channel] == 1 for result in results)
+        batches = list(dict.fromkeys(map(id, answers)))
+        assert len(batches) > 1  # several script calls, not one
+        relayed: list[int] = []
+        while len(relayed) < 60:
+            data = await _next_data(pubsub, 5)
+            assert data is not None, f"only {len(relayed)} of 60 events arrived"
+            message = relay_message_adapter.validate_json(data)
+            events = message.events if isinstance(message, ReplyBatchEvent) else (message,)
+            relayed += [e.seq for e in events if isinstance(e, TokenEvent)]
+        assert relayed == list(range(60))
+        assert await _next_data(pubsub, 0.2) is None  # each event exactly once
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]

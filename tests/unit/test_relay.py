@@ -13,6 +13,7 @@ from schemas.messages import (
     UsageCounts,
     relay_message_adapter,
     reply_batch_bytes,
+    token_event_bytes,
 )
 from topics.redis_relay import RedisReplyRelay
 
@@ -80,6 +81,17 @@ def test_batch_bytes_are_a_valid_batch_message_and_one_event_travels_bare() -> N
     parsed = relay_message_adapter.validate_json(reply_batch_bytes([e.to_bytes() for e in events]))
     assert parsed == ReplyBatchEvent(events=tuple(events))
     assert reply_batch_bytes([events[0].to_bytes()]) == events[0].to_bytes()
+
+
+def test_token_json_built_directly_reads_back_as_the_model_would_write_it() -> None:
+    request_id, text, generated_at = 'chat"cmpl\\-é', 'é\n"\t\u2028 \U0001f600', 1796410599.6333253
+    direct = token_event_bytes(request_id, 7, text, 2, 3, 1, generated_at)
+    model = TokenEvent(
+        request_id=request_id, seq=7, text=text, num_tokens=2, attempt=3, index=1,
+        generated_at=generated_at,
+    )  # fmt: skip
+    assert relay_message_adapter.validate_json(direct) == model
+    assert relay_message_adapter.validate_json(model.to_bytes()) == model
 
 
 async def test_the_deadline_event_arrives_unless_the_request_closes_first() -> None:
