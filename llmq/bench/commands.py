@@ -260,7 +260,8 @@ def bench_relay(
     added inter-token delay, worker CPU outside its engine, jobs/s per partition."""
     from pydantic import ValidationError
 
-    from llmq.bench.relay import RelayError, RelaySettings, format_report, run_relay
+    from llmq.bench.relay import RelayError, RelaySettings, run_relay
+    from llmq.bench.relay_report import format_report
     from llmq.logging import configure_logging
     from llmq.services import ServiceStartError
 

@@ -6,7 +6,9 @@ HTTP/1.1 POST per request) keeps N streams busy back to back for a fixed time on
 queue-less simulated server over the same modelled GPU ("direct"), llmq first at each
 concurrency; requests in flight at the end are cut off, their tokens so far counted. CPU comes
 from ``/proc`` before and after each phase; an idle phase first gives each process's idle rate.
-A last phase of one-token requests gives completed jobs/s.
+After each concurrency's phases the direct server drains its engine alone at that concurrency
+(`llmq.bench.engine_alone`), which tells the worker's CPU outside its engine from its engine's.
+A last phase of one-token requests gives completed jobs/s. `llmq.bench.relay_report` prints it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from pydantic import BaseModel, Field, PositiveInt, model_validator
 
 from llmq import services
 from llmq.bench.cpu import cpu_snapshot, dev_stack_pids
+from llmq.bench.engine_alone import EngineAloneResult, measure_engine_alone
 from llmq.bench.goodput import simulated_engine_description
 from llmq.bench.load_model import LOOPBACK_HOSTS
 from llmq.bench.overhead import Target, machine_description
-from llmq.bench.stats import fmt_ms, fmt_pct, percentile, ratio
+from llmq.bench.stats import percentile, ratio
 from llmq.devstack_settings import DevStackSettings
 
 TOKEN = re.compile(rb'"content": ?"')  # text in a delta (compact or spaced JSON); not null
@@ -271,9 +274,14 @@ class RelayReport(BaseModel):
     idle_cpu_s_per_s: dict[str, float] = Field(default_factory=dict)
     streaming: list[PhaseResult] = Field(default_factory=list)
     jobs: list[PhaseResult] = Field(default_factory=list)
+    engine_alone: list[EngineAloneResult] = Field(default_factory=list)
+    """The simulated engine drained alone in the direct server, per concurrency."""
 
     def result(self, target: Target, streams: int) -> PhaseResult | None:
         return next((r for r in self.streaming if (r.target, r.streams) == (target, streams)), None)
+
+    def alone(self, streams: int) -> EngineAloneResult | None:
+        return next((r for r in self.engine_alone if r.streams == streams), None)
 
 
 async def _measure(
@@ -306,6 +314,10 @@ async def _measure(
     for streams in s.streams:
         for target in order:
             report.streaming.append(await phase(target, streams, s.max_tokens))
+        if "direct" in urls:  # the engine alone, in the direct server's process
+            direct = urls["direct"]
+            alone = measure_engine_alone(direct, streams, s.duration_s, s.max_tokens, PROMPT)
+            report.engine_alone.append(await alone)
     for target in order:
         report.jobs.append(await phase(target, s.jobs_streams, 1))
 
@@ -337,57 +349,3 @@ def run_relay(settings: RelaySettings) -> RelayReport:
         if server is not None:
             services.stop(server, timeout=10)
     return report
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def format_report(report: RelayReport) -> str:
-    """The streaming phases' table, the figures the issue asks for, and the jobs phase."""
-    s = report.settings
-    idle = ", ".join(f"{k} {v:.3f}" for k, v in sorted(report.idle_cpu_s_per_s.items()))
-    lines = [
-        f"llmq bench relay: {report.engine}",
-        f"model {s.model}, max_tokens {s.max_tokens}, {s.duration_s:g} s per phase, direct "
-        f"server {s.max_num_seqs} slots, machine {report.machine}",
-        f"idle CPU s per s ({s.idle_s:g} s): {idle or '-'}",
-        "CPU columns: CPU s per 1,000 tokens (direct: its server under gateway; worker net of "
-        "its idle rate; client: this benchmark's own)",
-        f"{'streams':>7} {'target':<7}{'tok/s':>9}{'reqs':>6}{'errs':>5}{'gap p50 ms':>11}"
-        f"{'gap p99 ms':>11}{'gateway':>9}{'gw tok/s/core':>14}{'worker net':>11}"
-        f"{'tansu':>7}{'valkey':>7}{'client':>7}",
-    ]
-    for r in report.streaming:
-        cpu = r.cpu_s_per_1k
-        lines.append(
-            f"{r.streams:>7} {r.target:<7}{r.tokens_per_s:>9,.0f}{r.requests:>6}{r.errors:>5}"
-            f"{fmt_ms(r.gap_p50_s, 2):>11}{fmt_ms(r.gap_p99_s, 2):>11}"
-            f"{_num(cpu.get('gateway', cpu.get('server'))):>9}"
-            f"{_num(gateway_tokens_per_core(r), 0):>14}{_num(r.net_cpu_s_per_1k.get('worker')):>11}"
-            f"{_num(cpu.get('tansu')):>7}{_num(cpu.get('valkey')):>7}"
-            f"{_num(ratio(r.client_cpu_s * 1000, r.tokens)):>7}"
-        )
-    lines += [
-        "the issue's targets: added inter-token delay p99 (llmq - direct) <= 5 ms; gateway",
-        "tokens/s per core >= 20,000; worker share of a core at 2,000 tokens/s, net of idle,",
-        "<= 5% (raw: idle included; both include the simulated engine's own scheduling):",
-    ]
-    for llmq in (r for r in report.streaming if r.target == "llmq"):
-        direct = report.result("direct", llmq.streams)
-        added = None if direct is None else added_gap_p99_s(llmq, direct)
-        worker, raw = worker_core_share(llmq), worker_core_share(llmq, net=False)
-        lines.append(
-            f"  {llmq.streams} streams: added gap p99 {fmt_ms(added, 2)} ms; gateway "
-            f"{_num(gateway_tokens_per_core(llmq), 0)} tok/s per core; worker "
-            f"{fmt_pct(worker)} of a core (raw {fmt_pct(raw)})"
-        )
-    lines.append(f"jobs/s (max_tokens 1, {s.jobs_streams} streams, {s.duration_s:g} s):")
-    for r in report.jobs:
-        per = jobs_per_partition(r, s.partitions)
-        extra = f", {per:,.1f} per partition of {s.partitions}" if r.target == "llmq" else ""
-        lines.append(
-            f"  {r.target}: {r.requests_per_s:,.1f} jobs/s{extra}; {r.errors} errors "
-            f"({r.refused} refused)"
-        )
-    return "\n".join(lines)

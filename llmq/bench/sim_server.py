@@ -6,6 +6,8 @@ with the deployment's tokenizer (the gateway's renderer, so prompt lengths match
 the engine at once (no queue, no admission: past the engine's knee everyone waits), and stream
 one chunk per engine step. The engine is `workers.main.build_simulated_engine` with the same
 ``LLMQ_*`` worker settings a simulated llmq worker reads, so both targets model the same GPU.
+``POST /bench/engine-alone`` drains that engine with callers that only read their streams
+(`llmq.bench.engine_alone`: what the engine itself costs a process).
 
 Run: ``python -m llmq.bench.sim_server PORT`` with ``LLMQ_MODEL``, ``LLMQ_MODEL_PATH`` and the
 ``LLMQ_SIM_*`` / ``LLMQ_MAX_NUM_SEQS`` settings in the environment.
@@ -27,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmq import paths, services
+from llmq.bench import engine_alone
 from schemas.chat import ChatCompletionRequest
 from schemas.deployment import Deployment
 from schemas.render import ChatRenderer
@@ -112,6 +115,17 @@ def create_app(settings: WorkerSettings) -> FastAPI:
     async def models() -> dict[str, Any]:
         model = {"id": settings.model, "object": "model", "created": 0, "owned_by": "simulated"}
         return {"object": "list", "data": [model]}
+
+    @app.post(engine_alone.PATH)
+    async def drain_engine_alone(
+        request: engine_alone.EngineAloneRequest,
+    ) -> engine_alone.EngineAloneResult:
+        message = {"role": "user", "content": request.prompt}
+        body = {"model": settings.model, "messages": [message]}
+        prompt = renderer.tokenize(deployment.ref, ChatCompletionRequest(**body).messages)
+        return await engine_alone.drain(
+            engine, prompt, request.streams, request.duration_s, request.max_tokens
+        )
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(raw: Request) -> Response:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from pydantic import ValidationError
 
+from llmq.bench.engine_alone import EngineAloneResult
 from llmq.bench.relay import (
     PhaseTally,
     RelayReport,
@@ -19,7 +20,6 @@ from llmq.bench.relay import (
     added_gap_p99_s,
     build_endpoint,
     by_role,
-    format_report,
     gateway_tokens_per_core,
     jobs_per_partition,
     run_phase,
@@ -27,6 +27,7 @@ from llmq.bench.relay import (
     summarize_phase,
     worker_core_share,
 )
+from llmq.bench.relay_report import format_report
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 FIRST = (
@@ -125,7 +126,12 @@ def test_the_report_prints_measured_figures_beside_the_issues_targets() -> None:
     text = format_report(report)
     assert text.startswith("llmq bench relay: SIMULATED x")
     assert "added gap p99 9.00 ms" in text and "5,000 tok/s per core" in text
-    assert "worker 15.0% of a core (raw 25.0%)" in text
+    assert "worker outside its engine - of a core (with it 15.0%, raw 25.0%)" in text
+    report.engine_alone = [EngineAloneResult(streams=8, tokens=10_000, wall_s=10.0, cpu_s=0.25)]
+    text = format_report(report)
+    assert "worker outside its engine 10.0% of a core (with it 15.0%, raw 25.0%)" in text
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["8", "llmq"])
+    assert row.split()[10] == "0.025"  # the engine alone's CPU per 1k tokens
     assert "<= 5 ms" in text and ">= 20,000" in text and "<= 5%" in text
     assert "llmq: 100.0 jobs/s, 12.5 per partition of 8" in text
     row = next(line for line in text.splitlines() if line.split()[:2] == ["8", "direct"])
