@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from llmq import paths
+from llmq.affinity import pinned
 from llmq.devstack_settings import DevStackSettings
 from llmq.engine_env import engine_environment
 from llmq.services import (
@@ -89,6 +90,13 @@ def stack_simulated_env() -> dict[str, str]:
     return {str(k): str(v) for k, v in data.get("simulated_env", {}).items()}
 
 
+def stack_platform_cores() -> list[int]:
+    """The cores the running local stack's own processes were pinned to (`platform_cores`;
+    [] when no stack runs or they float)."""
+    data = _read_state_file() or {}
+    return [int(core) for core in data.get("platform_cores", [])]
+
+
 def _write_state(parts: list[ManagedProcess], settings: DevStackSettings) -> None:
     path = state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +106,8 @@ def _write_state(parts: list[ManagedProcess], settings: DevStackSettings) -> Non
         "gateway_url": settings.gateway_url,
         "parts": [p.to_dict() for p in parts],
     }
+    if settings.platform_cores:  # a benchmark's direct server mirrors the layout
+        data["platform_cores"] = settings.platform_cores
     if settings.engine == "simulated":  # what benchmarks' direct servers must model too
         data["simulated_env"] = {k: v for k, v in os.environ.items() if k.startswith(SIM_ENV)}
     tmp = path.with_suffix(".json.tmp")
@@ -133,6 +143,8 @@ def _worker_env(settings: DevStackSettings, bootstrap: str) -> dict[str, str]:
         "LLMQ_S3_ENDPOINT_URL": f"http://{LOCALHOST}:{settings.s3_port}",
         **_s3_credentials(),
     }
+    if settings.platform_cores:
+        env["LLMQ_FRONTEND_CORES"] = json.dumps(settings.platform_cores)
     if settings.engine == "simulated":
         return env
     # Engine housekeeping (offline, bounded KV cache, owned caches, Intel OpenMP preloaded), so
@@ -232,7 +244,16 @@ def _refuse_if_running() -> None:
 
 
 def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> None:
-    """Start every part, appending each to started (and to the state file) as it comes up."""
+    """Start every part, appending each to started (and to the state file) as it comes up.
+
+    With `platform_cores`, the broker, Redis, S3, the gateway and the batch service start on
+    them; the controller starts with every core, so that the workers it starts do (their
+    engines bind to the other cores, `LLMQ_ENGINE_CORES`), and each worker moves its own
+    front end onto them once its engine runs (`LLMQ_FRONTEND_CORES`)."""
+    try:
+        engine_cores = settings.engine_cores(os.sched_getaffinity(0))
+    except ValueError as exc:
+        raise ServiceStartError("stack", str(exc)) from exc
     from llmq.modelbuild import ensure_model
     from topics.kafka import ensure_topics
 
@@ -257,15 +278,13 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
     log.info("model_ready", model=settings.model, path=str(model_path))
 
     bootstrap = f"{LOCALHOST}:{settings.kafka_port}"
-    record(start_tansu(settings.kafka_port, _fresh_log("tansu")))
     valkey_dir = paths.run_dir() / "valkey"
     shutil.rmtree(valkey_dir, ignore_errors=True)  # the broker and S3 start empty: so does Redis
-    record(
-        start_valkey(
-            settings.redis_port, _fresh_log("valkey"), data_dir=valkey_dir, append_only=True
-        )
-    )
-    record(start_moto(settings.s3_port, _fresh_log("moto")))
+    with pinned(settings.platform_cores):
+        record(start_tansu(settings.kafka_port, _fresh_log("tansu")))
+        valkey_log = _fresh_log("valkey")
+        record(start_valkey(settings.redis_port, valkey_log, data_dir=valkey_dir, append_only=True))
+        record(start_moto(settings.s3_port, _fresh_log("moto")))
     try:
         asyncio.run(ensure_topics(bootstrap, settings.pools, settings.partitions))
     except Exception as exc:
@@ -284,12 +303,15 @@ def _start_all(settings: DevStackSettings, started: list[ManagedProcess]) -> Non
         "LLMQ_JOB_TOPIC_PARTITIONS": str(settings.partitions),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
     }
+    if engine_cores is not None:
+        controller_env["LLMQ_ENGINE_CORES"] = json.dumps(engine_cores)
     controller = start_llmq("controller", controller_env, _fresh_log("controller"))
     record(controller)
-    gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
-    record(gateway)
-    batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "batch-dev-0"}
-    record(start_llmq("batch", batch_env, _fresh_log("batch"), name="batch"))
+    with pinned(settings.platform_cores):
+        gateway = start_llmq("gateway", gateway_env, _fresh_log("gateway"))
+        record(gateway)
+        batch_env = {**gateway_env, "LLMQ_SERVICE_ID": "batch-dev-0"}
+        record(start_llmq("batch", batch_env, _fresh_log("batch"), name="batch"))
     readyz = f"{settings.gateway_url}/readyz"
     wait_ready(
         lambda: http_status(readyz) == 200 and _all_heartbeating(settings),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -55,6 +56,15 @@ class DevStackSettings(BaseSettings):
     max_lora_rank: int = 8
     """The first model's workers run LoRA up to this rank (its `engine_args.max_lora_rank`),
     so teams can register adapters of it; 0 runs it without LoRA."""
+    platform_cores: list[int] = []
+    """CPU cores the stack's own processes run on (JSON list): the broker, Redis, the S3
+    server, the gateway, the batch service and each worker's front end (its pull loop, token
+    relay, detokenizing and its engine's scheduler process). The workers' CPU engines bind
+    their compute threads to the other cores, one core each; the controller floats. Empty
+    (the default): every process may run on every core. On a 2-core machine with one model,
+    `[1]` keeps the platform's per-token work off the engine's core (as vLLM's CPU guide
+    reserves cores for the serving front end); `llmq bench overhead` then gives its direct
+    server the mirror layout."""
     kv_cache_gib: float = 1.0
     """KV-cache memory of the worker's engine, in GiB."""
     partitions: int = 8
@@ -86,6 +96,25 @@ class DevStackSettings(BaseSettings):
     def expected_workers(self) -> int:
         """Workers the stack runs: `workers` for the model, one for the second model."""
         return self.workers + (1 if self.second_model else 0)
+
+    def engine_cores(self, available: Collection[int]) -> list[int] | None:
+        """The cores the workers' engines are spread over: the `available` ones that are not
+        `platform_cores` (None when that is empty: the controller's default, every core).
+        ValueError when a platform core is not available or none is left for the engines."""
+        if not self.platform_cores:
+            return None
+        missing = sorted(set(self.platform_cores) - set(available))
+        if missing:
+            raise ValueError(
+                f"LLMQ_DEV_PLATFORM_CORES names cores this process cannot use: {missing} "
+                f"(available: {sorted(available)})"
+            )
+        left = sorted(set(available) - set(self.platform_cores))
+        if not left:
+            raise ValueError(
+                "LLMQ_DEV_PLATFORM_CORES takes every core: leave at least one for the engines"
+            )
+        return left
 
     @property
     def gateway_url(self) -> str:

@@ -97,6 +97,10 @@ class PullLoop:
         self._buffer: FairQueue[_Fetched] = FairQueue()
         self._next: _Fetched | None = None  # popped in fair order, waiting for room
         self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
+        self._held: dict[str, list[_Fetched]] = {}
+        """Other records of a job that still runs here, queued again when that run ends: its
+        own re-queue, fetched while the failed run was still recording it (dropping the copy
+        lost the job: its offset was committed and nothing ran it)."""
         self._engine_done: set[str] = set()
         """Running jobs the engine is done with (their slot is free) while their outcome is
         being recorded."""
@@ -121,7 +125,10 @@ class PullLoop:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) + (self._next is not None)
+        return len(self._buffer) + (self._next is not None) + len(self._held_copies())
+
+    def _held_copies(self) -> list[_Fetched]:
+        return [copy for copies in self._held.values() for copy in copies]
 
     def startable_by_team(self) -> dict[str, int]:
         """The slots each team here could start a job in now, by the fair-share rules
@@ -135,6 +142,7 @@ class PullLoop:
     def buffered_by_team(self) -> tuple[dict[str, int], int]:
         """The buffered jobs by team, and their prompt tokens (all still to prefill)."""
         held = [*self._buffer.items(), *([self._next] if self._next else [])]
+        held += self._held_copies()
         teams: dict[str, int] = {}
         for fetched in held:
             teams[fetched.job.team] = teams.get(fetched.job.team, 0) + 1
@@ -183,6 +191,13 @@ class PullLoop:
         dropped = self._buffer.remove(lambda f: f.tp in partitions)
         if self._next is not None and self._next.tp in partitions:
             self._next = None
+        for rid, copies in list(self._held.items()):
+            kept = [copy for copy in copies if copy.tp not in partitions]
+            dropped += [copy for copy in copies if copy.tp in partitions]
+            if kept:
+                self._held[rid] = kept
+            else:
+                del self._held[rid]
         for tp in partitions:
             self.offsets.forget(tp)
         if dropped:
@@ -366,9 +381,12 @@ class PullLoop:
 
     def _start(self, item: _Fetched) -> None:
         rid = item.job.request_id
-        if rid in self._running:  # the same job twice (a re-queue raced a redelivery)
-            self.offsets.finished(item.tp, item.offset)
-            return
+        running = self._running.get(rid)
+        if running is not None:  # the same job again while it runs (see `_held`)
+            if (running[1].tp, running[1].offset) != (item.tp, item.offset):
+                self._held.setdefault(rid, []).append(item)
+                log.info("job_copy_held", request_id=rid, offset=item.offset)
+            return  # the very record again: the run in flight settles its offset
         self._teams.note_started(item.job.team, len(item.job.prompt_token_ids))
         task = asyncio.create_task(self._run_job(item), name=rid)
         self._running[rid] = (task, item)
@@ -404,6 +422,8 @@ class PullLoop:
             self._engine_done.discard(job.request_id)
             if terminal:
                 self.offsets.finished(item.tp, item.offset)
+            for copy in self._held.pop(job.request_id, ()):
+                self._enqueue(copy)  # a copy of a job that finished is skipped by the runner
             self._wake.set()
 
     def _slot_freed(self, request_id: str) -> None:

@@ -148,3 +148,8 @@ class WorkerSettings(BaseSettings):
     """JSON logs (production) instead of console logs (development)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """The least severe log events written (DEBUG adds why each held job waits)."""
+    frontend_cores: list[int] = []
+    """CPU cores this worker's own threads and its engine's non-compute threads move to once
+    the engine runs (JSON list; empty: they stay where they start). For a CPU engine whose
+    compute threads are bound to other cores (`VLLM_CPU_OMP_THREADS_BIND`): the pull loop,
+    token relay and detokenizing then never take the engine's core."""

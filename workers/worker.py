@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import structlog
 
+from llmq.affinity import pin_floating_threads
 from llmq.heap import freeze_startup_heap
 from llmq.probes import ProbeServer
 from topics.counted_queue import AnnouncedJobQueue
@@ -68,6 +70,14 @@ class Worker:
         if self._loop is not None:
             self._loop.stop()
 
+    def _pin_front_end(self) -> None:
+        """Move this process's floating threads (and its engine processes') onto
+        `frontend_cores`, leaving the engine's bound compute threads on their cores."""
+        cores = self.settings.frontend_cores
+        if cores:
+            moved = pin_floating_threads(os.getpid(), cores)
+            log.info("front_end_pinned", cores=cores, threads=moved)
+
     @property
     def pull_loop(self) -> PullLoop | None:
         """The pull loop, once the worker is ready."""
@@ -103,6 +113,7 @@ class Worker:
         try:
             await producer.start()
             await self.engine.start()
+            self._pin_front_end()
             heartbeat.engine = self.engine
             await consumer.start()
             freeze_startup_heap()  # vLLM and torch: keep full GC passes off token streams

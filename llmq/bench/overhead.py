@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -26,7 +27,9 @@ import openai
 from pydantic import BaseModel, Field, PositiveInt
 
 from llmq import paths, services
+from llmq.affinity import pin_floating_threads
 from llmq.bench.stats import mean, percentile, ratio
+from llmq.devstack import stack_platform_cores
 from llmq.engine_env import engine_environment
 
 Target = Literal["direct", "llmq"]
@@ -161,20 +164,31 @@ def direct_omp_cores() -> str:
     return ",".join(str(core) for core in upper)
 
 
+def direct_frontend_cores(omp_cores: str) -> list[int]:
+    """The cores the direct server's other threads move to once it answers (its API server,
+    detokenizing, the engine's scheduler and I/O threads): every core of this process but its
+    engine's, the mirror of a stack started with `LLMQ_DEV_PLATFORM_CORES`, whose front ends
+    stay off the worker's engine core. Empty (no pinning) when the engine binds "auto"."""
+    if omp_cores == "auto" or not hasattr(os, "sched_getaffinity"):
+        return []
+    engine = {int(core) for core in omp_cores.split(",")}
+    return sorted(set(os.sched_getaffinity(0)) - engine)
+
+
 def start_direct_server(
     settings: OverheadSettings, model_path: Path
 ) -> tuple[services.ManagedProcess, str]:
     """Start the direct vLLM server; return it with its base URL once /health answers 200."""
     port = services.free_port()
     log_path = paths.run_dir() / "bench" / f"vllm-direct-{port}.log"
+    omp_cores = direct_omp_cores()
     env = {
         **os.environ,
         **engine_environment(settings.kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": direct_omp_cores(),
+        "VLLM_CPU_OMP_THREADS_BIND": omp_cores,
     }
-    proc = services.spawn(
-        "vllm-direct", direct_server_argv(settings, model_path, port), log_path, port=port, env=env
-    )
+    argv = direct_server_argv(settings, model_path, port)
+    proc = services.spawn("vllm-direct", argv, log_path, port=port, env=env)
     root = f"http://{services.LOCALHOST}:{port}"
     try:
         services.wait_ready(
@@ -184,6 +198,8 @@ def start_direct_server(
     except BaseException:
         services.stop(proc, timeout=10)
         raise
+    if stack_platform_cores():  # the stack's front ends keep off its engine's core: mirror it
+        pin_floating_threads(proc.pid, direct_frontend_cores(omp_cores))
     return proc, f"{root}/v1"
 
 
@@ -376,9 +392,22 @@ def format_report(report: OverheadReport) -> str:
                 f"{concurrency:>4}  {label:<16}{_cell(a):>10}{_cell(b):>10}"
                 f"{_cell(ratio(b, a), 2):>13}"
             )
+    lines.extend(error_lines(report))
     if report.direct_startup_s is not None:
         lines.append(f"(direct vLLM server started in {report.direct_startup_s:.1f} s)")
     return "\n".join(lines)
+
+
+def error_lines(report: OverheadReport) -> list[str]:
+    """What the failed requests of each level said, most frequent first (count x message)."""
+    lines: list[str] = []
+    for level in report.levels:
+        said = Counter(s.error[:200] for s in level.samples if s.error is not None)
+        for message, count in said.most_common(3):
+            lines.append(
+                f"errors, {level.target} at concurrency {level.concurrency}: {count} x {message}"
+            )
+    return lines
 
 
 def write_json(report: OverheadReport, path: Path) -> None:
