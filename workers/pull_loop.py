@@ -9,7 +9,8 @@ Each turn of the loop:
    class that may not fetch (batch pauses while interactive work waits in this worker's
    partitions or the KV cache is above the batch watermark);
 3. commits, per partition, up to the lowest job that has not reached a terminal event
-   (`workers.offsets`): a crash re-delivers exactly the unfinished and unstarted jobs.
+   (`workers.offsets`): a crash re-delivers exactly the unfinished and unstarted jobs. How
+   each run settles its offset is `workers.running_jobs`.
 
 `stop()` drains: no more fetching or starting, running jobs finish (up to a grace period),
 offsets are committed; jobs still buffered stay uncommitted for the partition's next owner.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -45,7 +45,8 @@ from workers.headroom import EngineLoad, HeadroomPolicy
 from workers.load import LoadTracker
 from workers.load_view import engine_load
 from workers.offsets import OffsetTracker
-from workers.runner import JobOrigin, JobRunner, RunFailed
+from workers.runner import JobRunner
+from workers.running_jobs import Fetched, RunningJobs
 from workers.team_activity import TEAM_ACTIVE_S, TeamActivity
 
 log = structlog.get_logger()
@@ -56,15 +57,6 @@ IDLE_WAIT_S = 0.05
 SETTLE_FETCH_ROUNDS = 3
 """Fetch rounds (of `fetch_max_wait_s`) a partition must come back empty, after the last
 announcement, before the worker counts it caught up (`CaughtUp`)."""
-
-
-@dataclass(frozen=True)
-class _Fetched:
-    tp: TopicPartition
-    offset: int
-    job: InferenceJob
-    tokens: int
-    fetched_at: float = field(default_factory=time.time)
 
 
 class PullLoop:
@@ -94,19 +86,14 @@ class PullLoop:
         self._policy = policy or HeadroomPolicy()
         self._lookahead = fair_lookahead
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._buffer: FairQueue[_Fetched] = FairQueue()
-        self._next: _Fetched | None = None  # popped in fair order, waiting for room
-        self._running: dict[str, tuple[asyncio.Task[None], _Fetched]] = {}
-        self._held: dict[str, list[_Fetched]] = {}
-        """Other records of a job that still runs here, queued again when that run ends: its
-        own re-queue, fetched while the failed run was still recording it (dropping the copy
-        lost the job: its offset was committed and nothing ran it)."""
-        self._engine_done: set[str] = set()
-        """Running jobs the engine is done with (their slot is free) while their outcome is
-        being recorded."""
-        self._cancelled_by_client: set[str] = set()
-        self._preempted: set[str] = set()
+        self._buffer: FairQueue[Fetched] = FairQueue()
+        self._next: Fetched | None = None  # popped in fair order, waiting for room
+        self._running = RunningJobs(
+            engine, runner, requeue=requeue, offsets=self.offsets,
+            queue_again=self._enqueue, changed=self._wake_set,
+        )  # fmt: skip
         self._waited: set[str] = set()
+        """Buffered jobs whose wait for room was logged (once per job)."""
         self._teams = teams or TeamActivity(TEAM_ACTIVE_S)
         self._wake = asyncio.Event()
         self._announced = asyncio.Event()
@@ -117,6 +104,9 @@ class PullLoop:
         self._stopping = asyncio.Event()
         self._topics = {cls: catalog.job_topic(pool, cls) for cls in catalog.PRIORITY_CLASSES}
 
+    def _wake_set(self) -> None:
+        self._wake.set()
+
     # -- what the heartbeat and tests read -------------------------------------------------
 
     @property
@@ -125,10 +115,7 @@ class PullLoop:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) + (self._next is not None) + len(self._held_copies())
-
-    def _held_copies(self) -> list[_Fetched]:
-        return [copy for copies in self._held.values() for copy in copies]
+        return len(self._buffer) + (self._next is not None) + len(self._running.held_copies())
 
     def startable_by_team(self) -> dict[str, int]:
         """The slots each team here could start a job in now, by the fair-share rules
@@ -142,7 +129,7 @@ class PullLoop:
     def buffered_by_team(self) -> tuple[dict[str, int], int]:
         """The buffered jobs by team, and their prompt tokens (all still to prefill)."""
         held = [*self._buffer.items(), *([self._next] if self._next else [])]
-        held += self._held_copies()
+        held += self._running.held_copies()
         teams: dict[str, int] = {}
         for fetched in held:
             teams[fetched.job.team] = teams.get(fetched.job.team, 0) + 1
@@ -173,35 +160,19 @@ class PullLoop:
 
     async def cancel(self, request_id: str) -> bool:
         """Abort a running job at its client's request; False if it is not running here."""
-        entry = self._running.get(request_id)
-        if entry is None:
-            return False
-        if request_id in self._cancelled_by_client:
-            return True  # a repeated cancel must not interrupt the job recording its end
-        if not self._runner.cancelled_by_client(request_id):
-            return False
-        self._cancelled_by_client.add(request_id)
-        entry[0].cancel()
-        await self._engine.abort(request_id)
-        log.info("job_cancelled", request_id=request_id)
-        return True
+        return await self._running.cancel(request_id)
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         """Partitions revoked: drop their buffered jobs (the next owner fetches them)."""
         dropped = self._buffer.remove(lambda f: f.tp in partitions)
         if self._next is not None and self._next.tp in partitions:
             self._next = None
-        for rid, copies in list(self._held.items()):
-            kept = [copy for copy in copies if copy.tp not in partitions]
-            dropped += [copy for copy in copies if copy.tp in partitions]
-            if kept:
-                self._held[rid] = kept
-            else:
-                del self._held[rid]
+        self._waited -= {f.job.request_id for f in dropped}
+        released = len(dropped) + self._running.forget(partitions)
         for tp in partitions:
             self.offsets.forget(tp)
-        if dropped:
-            log.info("buffered_jobs_released", jobs=len(dropped))
+        if released:
+            log.info("buffered_jobs_released", jobs=released)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -237,7 +208,7 @@ class PullLoop:
                 wait.cancel()
 
     def _engine_load(self) -> EngineLoad:
-        running = [f.job for rid, (_, f) in self._running.items() if rid not in self._engine_done]
+        running = self._running.in_engine()
         held = [*(f.job for f in self._buffer.items()), *([self._next.job] if self._next else [])]
         return engine_load(
             self._engine, self._policy, self._load, self._teams,
@@ -276,7 +247,7 @@ class PullLoop:
                 load, tier, item.tokens, item.job.team
             ):
                 victim = self._policy.choose_victim(self._load.running_jobs())
-                if victim is not None and await self._preempt(victim.request_id, load):
+                if victim is not None and await self._running.preempt(victim.request_id, load):
                     continue
             if item.job.request_id not in self._waited:  # once per job: why it waits
                 self._waited.add(item.job.request_id)
@@ -284,7 +255,7 @@ class PullLoop:
                           **load.teams_summary())  # fmt: skip
             return
 
-    def _other_team(self, load: EngineLoad, held: _Fetched) -> _Fetched | None:
+    def _other_team(self, load: EngineLoad, held: Fetched) -> Fetched | None:
         """A buffered job of the held job's class from a team that may still start one, when
         the held job's team may not (it holds its share, or only the reserve is free)."""
         team = held.job.team
@@ -365,9 +336,9 @@ class PullLoop:
                 self.offsets.finished(tp, offset)
             return
         tokens = self._policy.job_tokens(len(job.prompt_token_ids), job.sampling.max_tokens)
-        self._enqueue(_Fetched(tp, offset, job, tokens))
+        self._enqueue(Fetched(tp, offset, job, tokens))
 
-    def _enqueue(self, item: _Fetched) -> None:
+    def _enqueue(self, item: Fetched) -> None:
         job = item.job
         self._teams.weigh(job.team, job.team_weight)
         self._teams.note_prompt(job.team, len(job.prompt_token_ids))
@@ -379,101 +350,21 @@ class PullLoop:
             priority=PRIORITY[job.tier],
         )
 
-    def _start(self, item: _Fetched) -> None:
-        rid = item.job.request_id
-        running = self._running.get(rid)
-        if running is not None:  # the same job again while it runs (see `_held`)
-            if (running[1].tp, running[1].offset) != (item.tp, item.offset):
-                self._held.setdefault(rid, []).append(item)
-                log.info("job_copy_held", request_id=rid, offset=item.offset)
-            return  # the very record again: the run in flight settles its offset
-        self._teams.note_started(item.job.team, len(item.job.prompt_token_ids))
-        task = asyncio.create_task(self._run_job(item), name=rid)
-        self._running[rid] = (task, item)
-
-    async def _run_job(self, item: _Fetched) -> None:
-        job = item.job
-        structlog.contextvars.bind_contextvars(partition=item.tp.partition, offset=item.offset)
-        terminal = False
-        try:
-            origin = JobOrigin(item.tp.topic, item.tp.partition, item.offset, item.fetched_at)
-            await self._runner.run(job, origin, lambda: self._slot_freed(job.request_id))
-            terminal = True
-        except RunFailed:  # the engine raised before the caller saw a token: run it again
-            terminal = await self._requeue_job(job)
-        except Exception as exc:  # Redis or Kafka failed us: re-queue, never stall the offset
-            log.error("job_run_broken", request_id=job.request_id, error=type(exc).__name__)
-            terminal = await self._requeue_job(job)
-        except asyncio.CancelledError:
-            # Cancelled by its client: that is its end. Preempted: re-queued, so this offset
-            # is done. Cancelled by a drain past its grace or a crash: it never finished, so
-            # its offset stays uncommitted and the partition's next owner runs it again.
-            if job.request_id in self._preempted:
-                terminal = await self._requeue_job(job)
-            else:
-                terminal = job.request_id in self._cancelled_by_client
-            if not terminal:
-                raise
-        finally:
-            self._cancelled_by_client.discard(job.request_id)
-            self._preempted.discard(job.request_id)
-            self._waited.discard(job.request_id)
-            self._running.pop(job.request_id, None)
-            self._engine_done.discard(job.request_id)
-            if terminal:
-                self.offsets.finished(item.tp, item.offset)
-            for copy in self._held.pop(job.request_id, ()):
-                self._enqueue(copy)  # a copy of a job that finished is skipped by the runner
-            self._wake.set()
-
-    def _slot_freed(self, request_id: str) -> None:
-        """The engine is done with a job: its slot may take the next one now."""
-        self._engine_done.add(request_id)
-        self._wake.set()
-
-    async def _preempt(self, request_id: str, load: EngineLoad) -> bool:
-        entry = self._running.get(request_id)
-        if entry is None:
-            return False
-        task, _ = entry
-        self._preempted.add(request_id)
-        task.cancel()
-        await self._engine.abort(request_id)
-        await asyncio.wait([task])
-        log.info(
-            "job_preempted",
-            request_id=request_id,
-            in_flight=load.in_flight,
-            max_num_seqs=load.max_num_seqs,
-            kv_cache_usage=round(load.kv_cache_usage, 3),
-            kv_capacity_tokens=load.kv_capacity_tokens,
-            reserved_tokens=load.reserved_tokens,
-        )
-        return True
-
-    async def _requeue_job(self, job: InferenceJob) -> bool:
-        try:
-            receipt = await self._requeue.submit(job)
-        except Exception as exc:  # keep the offset: a restart re-delivers the job
-            log.warning("job_requeue_failed", request_id=job.request_id, error=type(exc).__name__)
-            return False
-        log.info("job_requeued", request_id=job.request_id, offset=receipt.offset)
-        return True
+    def _start(self, item: Fetched) -> None:
+        self._waited.discard(item.job.request_id)
+        if self._running.start(item):
+            self._teams.note_started(item.job.team, len(item.job.prompt_token_ids))
 
     async def commit(self) -> None:
         await commit_done(self._consumer, self.offsets)
 
     async def abandon(self) -> None:
         """Stop every running job without committing it (crash semantics: re-delivered)."""
-        tasks = [task for task, _ in self._running.values()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._running.abandon()
 
     async def _drain(self, grace_s: float) -> None:
         self._consumer.pause(*self._consumer.assignment())
-        tasks = [task for task, _ in self._running.values()]
+        tasks = self._running.tasks()
         log.info("drain_started", in_flight=len(tasks), buffered=self.buffered)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
