@@ -94,7 +94,7 @@ class GatewaySettings(BaseSettings):
     (a broker that is down must not hold requests for the producer's own 40 s timeout)."""
     request_timeout_s: float = 600.0
     """Deadline of an interactive request, from arrival to its last token."""
-    replica_refresh_s: float = 0.2
+    replica_refresh_s: float = 0.1
     """How often the gateway re-reads replica heartbeats (as often as workers refresh them:
     their slot ends age quickly)."""
     topic_watch_interval_s: float = Field(default=5.0, ge=0)

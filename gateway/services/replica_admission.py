@@ -99,6 +99,20 @@ class ReplicaAdmission:
         wait = replica_wait(
             owner, now=job.created_at, sent=sent, prefill_tokens_per_s=rate, team=job.team
         )
+        log.debug(
+            "replica_judged",
+            request_id=job.request_id,
+            replica=owner.replica_id,
+            heartbeat_age_s=round(job.created_at - owner.sent_at, 4),
+            in_flight=owner.in_flight,
+            max_num_seqs=owner.max_num_seqs,
+            soonest_free_s=round(min(owner.slot_free_in_s, default=0.0), 4),
+            buffered=sum(owner.buffered.values()),
+            sent_waiting=sum(sent.teams.values()),
+            sent_started=sent.started,
+            startable=owner.startable.get(job.team, owner.startable.get("")),
+            slot_wait_s=None if wait is None else round(wait.slot_s, 4),
+        )
         if wait is None:
             return None
         prediction = self._admission.predict_on_replica(
