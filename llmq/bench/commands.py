@@ -30,6 +30,13 @@ def bench_overhead(
     concurrency: Annotated[list[int], typer.Option(help="Concurrency levels.")] = [1, 16],  # noqa: B006
     requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
+    direct_frontend: Annotated[
+        str,
+        typer.Option(
+            help="On a stack with LLMQ_DEV_PLATFORM_CORES: mirror (the direct server's front "
+            "end off its engine's core) or floating (vLLM's default)."
+        ),
+    ] = "mirror",
     json_path: JsonOption = None,
 ) -> None:
     """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
@@ -51,6 +58,7 @@ def bench_overhead(
         concurrency=concurrency,
         requests=requests,
         max_tokens=max_tokens,
+        direct_frontend=direct_frontend,
     )
     try:
         report = run_overhead(settings)

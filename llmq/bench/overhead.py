@@ -70,6 +70,10 @@ class OverheadSettings(BaseModel):
     kv_cache_gib: float = 1.0
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
+    direct_frontend: Literal["mirror", "floating"] = "mirror"
+    """Where the direct server's threads other than its engine's run on a stack started with
+    `LLMQ_DEV_PLATFORM_CORES`: "mirror" moves them off its engine's core (as the stack's
+    worker does), "floating" leaves them where Linux puts them (vLLM's own default)."""
 
 
 class RequestSample(BaseModel):
@@ -175,6 +179,16 @@ def direct_frontend_cores(omp_cores: str) -> list[int]:
     return sorted(set(os.sched_getaffinity(0)) - engine)
 
 
+def direct_pinned_cores(
+    layout: Literal["mirror", "floating"], omp_cores: str, stack_pinned: object
+) -> list[int]:
+    """Where the direct server's floating threads move once it answers: nowhere (empty)
+    unless the stack keeps its platform off its engines' cores and the layout is "mirror"."""
+    if layout != "mirror" or not stack_pinned:
+        return []
+    return direct_frontend_cores(omp_cores)
+
+
 def start_direct_server(
     settings: OverheadSettings, model_path: Path
 ) -> tuple[services.ManagedProcess, str]:
@@ -198,8 +212,9 @@ def start_direct_server(
     except BaseException:
         services.stop(proc, timeout=10)
         raise
-    if stack_platform_cores():  # the stack's front ends keep off its engine's core: mirror it
-        pin_floating_threads(proc.pid, direct_frontend_cores(omp_cores))
+    pin_floating_threads(
+        proc.pid, direct_pinned_cores(settings.direct_frontend, omp_cores, stack_platform_cores())
+    )
     return proc, f"{root}/v1"
 
 

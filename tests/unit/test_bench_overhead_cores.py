@@ -16,3 +16,14 @@ def test_the_direct_engine_takes_the_upper_half_of_the_cores(
 ) -> None:
     monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: cores)
     assert overhead.direct_omp_cores() == expected
+
+
+@pytest.mark.parametrize(
+    ("layout", "stack_pinned", "expected"),
+    [("mirror", [1], [0]), ("floating", [1], []), ("mirror", [], [])],
+)
+def test_the_direct_front_end_mirrors_a_pinned_stack_unless_asked_to_float(
+    monkeypatch: pytest.MonkeyPatch, layout: str, stack_pinned: list[int], expected: list[int]
+) -> None:
+    monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert overhead.direct_pinned_cores(layout, "1", stack_pinned) == expected  # type: ignore[arg-type]
