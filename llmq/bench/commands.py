@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -31,7 +31,7 @@ def bench_overhead(
     requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
     direct_frontend: Annotated[
-        str,
+        Literal["mirror", "floating"],
         typer.Option(
             help="On a stack with LLMQ_DEV_PLATFORM_CORES: mirror (the direct server's front "
             "end off its engine's core) or floating (vLLM's default)."

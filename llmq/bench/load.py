@@ -201,6 +201,7 @@ async def run_load_async(
     started = time.perf_counter()
     # `kill -USR1 <pid>` prints where every pending task waits (a run that does not end).
     loop = asyncio.get_running_loop()
+    # Deliberately optional: loops without signal support (Windows, not the main thread) skip it.
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGUSR1, _print_pending_tasks)
     try:

@@ -180,7 +180,7 @@ def direct_frontend_cores(omp_cores: str) -> list[int]:
 
 
 def direct_pinned_cores(
-    layout: Literal["mirror", "floating"], omp_cores: str, stack_pinned: object
+    layout: Literal["mirror", "floating"], omp_cores: str, stack_pinned: list[int]
 ) -> list[int]:
     """Where the direct server's floating threads move once it answers: nowhere (empty)
     unless the stack keeps its platform off its engines' cores and the layout is "mirror"."""

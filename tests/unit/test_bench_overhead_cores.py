@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from llmq.bench import overhead
@@ -23,7 +25,10 @@ def test_the_direct_engine_takes_the_upper_half_of_the_cores(
     [("mirror", [1], [0]), ("floating", [1], []), ("mirror", [], [])],
 )
 def test_the_direct_front_end_mirrors_a_pinned_stack_unless_asked_to_float(
-    monkeypatch: pytest.MonkeyPatch, layout: str, stack_pinned: list[int], expected: list[int]
+    monkeypatch: pytest.MonkeyPatch,
+    layout: Literal["mirror", "floating"],
+    stack_pinned: list[int],
+    expected: list[int],
 ) -> None:
     monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert overhead.direct_pinned_cores(layout, "1", stack_pinned) == expected  # type: ignore[arg-type]
+    assert overhead.direct_pinned_cores(layout, "1", stack_pinned) == expected
