@@ -28,7 +28,15 @@ def bench_overhead(
         "smollm2-135m-instruct"
     ),
     concurrency: Annotated[list[int], typer.Option(help="Concurrency levels.")] = [1, 16],  # noqa: B006
-    requests: Annotated[int, typer.Option(help="Requests per level and target.")] = 32,
+    requests: Annotated[int, typer.Option(help="Requests per level, target and round.")] = 32,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Runs of every level on each target; the table pools them and shows "
+            "each round's llmq/direct ratios.",
+        ),
+    ] = 1,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 64,
     direct_frontend: Annotated[
         Literal["mirror", "floating"],
@@ -40,13 +48,8 @@ def bench_overhead(
     json_path: JsonOption = None,
 ) -> None:
     """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
-    from llmq.bench.overhead import (
-        OverheadError,
-        OverheadSettings,
-        format_report,
-        run_overhead,
-        write_json,
-    )
+    from llmq.bench.overhead import OverheadError, OverheadSettings, run_overhead
+    from llmq.bench.overhead_report import format_report, write_json
     from llmq.logging import configure_logging
     from llmq.services import ServiceStartError
 
@@ -57,6 +60,7 @@ def bench_overhead(
         model=model,
         concurrency=concurrency,
         requests=requests,
+        rounds=rounds,
         max_tokens=max_tokens,
         direct_frontend=direct_frontend,
     )

@@ -9,7 +9,8 @@ running stack. Levels alternate which target goes first, so neither gets a warme
 TTFT is request start to first content chunk; ITL is the gap between content chunks (a relay
 that groups tokens into fewer chunks shows fewer, longer gaps: TPOT, the decode time per output
 token after the first, is comparable either way); tokens/s is output tokens over a level's wall
-time.
+time. With several rounds, the report pools them and also shows each round's llmq/direct
+ratios, so a reader sees how much they move between rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import platform
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -28,12 +28,16 @@ from pydantic import BaseModel, Field, PositiveInt
 
 from llmq import paths, services
 from llmq.affinity import pin_floating_threads
-from llmq.bench.stats import mean, percentile, ratio
+from llmq.bench.stats import mean, percentile
 from llmq.devstack import stack_platform_cores
 from llmq.engine_env import engine_environment
 
 Target = Literal["direct", "llmq"]
 TARGETS: tuple[Target, ...] = ("direct", "llmq")
+
+STALL_S = 0.1
+"""A gap between content chunks longer than this counts as a stall: the TPOT SLO that
+`llmq bench goodput` judges by (100 ms), several times a small model's step on a CPU."""
 
 PROMPTS: tuple[str, ...] = (
     "What is the capital of France?", "Explain in two sentences why the sky is blue.",
@@ -61,7 +65,10 @@ class OverheadSettings(BaseModel):
     """Folder the direct server loads; default: ``ensure_model(model)``."""
     concurrency: list[PositiveInt] = Field(default_factory=lambda: [1, 16], min_length=1)
     requests: int = Field(default=32, ge=1)
-    """Measured requests per (target, concurrency level)."""
+    """Measured requests per (target, concurrency level, round)."""
+    rounds: PositiveInt = 1
+    """How often every concurrency level runs on each target. Each run alternates which
+    target goes first; the report pools the rounds and shows how each round compared."""
     max_tokens: int = Field(default=64, ge=1)
     targets: list[Target] = Field(default_factory=lambda: list(TARGETS))
     max_model_len: int = 2048
@@ -88,10 +95,12 @@ class RequestSample(BaseModel):
 
 
 class LevelResult(BaseModel):
-    """One target at one concurrency level."""
+    """One target at one concurrency level (in one round, or pooled over every round)."""
 
     target: Target
     concurrency: int
+    round: int | None = 0
+    """Which round (from 0); None for a result pooled over every round."""
     wall_s: float
     errors: int
     ttft_p50_s: float | None
@@ -103,6 +112,11 @@ class LevelResult(BaseModel):
     output_tokens: int
     mean_output_tokens: float | None
     tokens_per_s: float | None
+    request_tokens_per_s_p50: float | None = None
+    """The median request's output tokens over its own end-to-end time: unlike
+    `tokens_per_s`, a few requests that stall do not move it."""
+    stalls: int = 0
+    """Gaps between content chunks longer than `STALL_S`, the TPOT SLO."""
     samples: list[RequestSample]
 
 
@@ -115,10 +129,9 @@ class OverheadReport(BaseModel):
     direct_startup_s: float | None = None
     levels: list[LevelResult] = Field(default_factory=list)
 
-    def level(self, target: Target, concurrency: int) -> LevelResult | None:
-        return next(
-            (r for r in self.levels if r.target == target and r.concurrency == concurrency), None
-        )
+    def rounds(self, target: Target, concurrency: int) -> list[LevelResult]:
+        """The per-round results of one target at one level, in round order."""
+        return [r for r in self.levels if r.target == target and r.concurrency == concurrency]
 
 
 class OverheadError(RuntimeError):
@@ -262,7 +275,11 @@ async def one_request(
 
 
 def summarize(
-    target: Target, concurrency: int, wall_s: float, samples: list[RequestSample]
+    target: Target,
+    concurrency: int,
+    wall_s: float,
+    samples: list[RequestSample],
+    round_index: int | None = 0,
 ) -> LevelResult:
     """Percentiles over the successful requests of one level."""
     ok = [s for s in samples if s.error is None]
@@ -274,18 +291,26 @@ def summarize(
     ]
     ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
     itl = [gap for s in ok for gap in s.itl_s]
+    per_request = [s.output_tokens / s.e2e_s for s in ok if s.e2e_s > 0]
     return LevelResult(
-        target=target, concurrency=concurrency, wall_s=wall_s, errors=len(samples) - len(ok),
+        target=target, concurrency=concurrency, round=round_index, wall_s=wall_s,
+        errors=len(samples) - len(ok),
         ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
         itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
         tpot_p50_s=percentile(tpot, 50), e2e_p50_s=percentile([s.e2e_s for s in ok], 50),
         output_tokens=tokens, mean_output_tokens=mean([float(s.output_tokens) for s in ok]),
-        tokens_per_s=tokens / wall_s if ok and wall_s > 0 else None, samples=samples,
+        tokens_per_s=tokens / wall_s if ok and wall_s > 0 else None,
+        request_tokens_per_s_p50=percentile(per_request, 50),
+        stalls=sum(1 for gap in itl if gap > STALL_S), samples=samples,
     )  # fmt: skip
 
 
 async def run_level(
-    client: openai.AsyncOpenAI, settings: OverheadSettings, target: Target, concurrency: int
+    client: openai.AsyncOpenAI,
+    settings: OverheadSettings,
+    target: Target,
+    concurrency: int,
+    round_index: int = 0,
 ) -> LevelResult:
     """settings.requests requests, at most `concurrency` in flight at a time."""
     gate = asyncio.Semaphore(concurrency)
@@ -297,7 +322,8 @@ async def run_level(
 
     start = time.perf_counter()
     samples = await asyncio.gather(*(gated(i) for i in range(settings.requests)))
-    return summarize(target, concurrency, time.perf_counter() - start, list(samples))
+    wall_s = time.perf_counter() - start
+    return summarize(target, concurrency, wall_s, list(samples), round_index)
 
 
 def open_clients(
@@ -321,15 +347,18 @@ async def warm_up(clients: dict[Target, openai.AsyncOpenAI], model: str, max_tok
 
 
 async def _measure(settings: OverheadSettings, urls: dict[Target, str]) -> list[LevelResult]:
-    """Warm every target up, then each level on each target, alternating which goes first."""
+    """Warm every target up, then each level on each target, round after round, alternating
+    which target goes first from one level to the next."""
     clients = open_clients(urls, settings.api_key, settings.request_timeout_s)
     levels: list[LevelResult] = []
+    runs = [(r, c) for r in range(settings.rounds) for c in settings.concurrency]
     try:
         await warm_up(clients, settings.model, settings.max_tokens)
-        for index, concurrency in enumerate(settings.concurrency):
+        for index, (round_index, concurrency) in enumerate(runs):
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):
-                levels.append(await run_level(clients[target], settings, target, concurrency))
+                level = await run_level(clients[target], settings, target, concurrency, round_index)
+                levels.append(level)
     finally:
         for client in clients.values():
             await client.close()
@@ -365,67 +394,3 @@ def run_overhead(settings: OverheadSettings) -> OverheadReport:
         if server is not None:
             services.stop(server, timeout=30)
     return report
-
-
-_ROWS: tuple[tuple[str, str, float], ...] = (
-    ("TTFT p50 (ms)", "ttft_p50_s", 1000.0),
-    ("TTFT p99 (ms)", "ttft_p99_s", 1000.0),
-    ("ITL p50 (ms)", "itl_p50_s", 1000.0),
-    ("ITL p99 (ms)", "itl_p99_s", 1000.0),
-    ("TPOT p50 (ms)", "tpot_p50_s", 1000.0),
-    ("E2E p50 (ms)", "e2e_p50_s", 1000.0),
-    ("output tok/s", "tokens_per_s", 1.0),
-    ("mean out tokens", "mean_output_tokens", 1.0),
-    ("errors", "errors", 1.0),
-)
-
-
-def _cell(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _value(result: LevelResult | None, field: str, scale: float) -> float | None:
-    raw = getattr(result, field) if result is not None else None
-    return None if raw is None else float(raw) * scale
-
-
-def format_report(report: OverheadReport) -> str:
-    """A plain table: one row per (concurrency, metric); columns direct, llmq, llmq/direct."""
-    s = report.settings
-    lines = [
-        f"llmq bench overhead: model {s.model}, max_tokens {s.max_tokens}, "
-        f"{s.requests} requests per level, machine {report.machine}",
-        f"{'conc':>4}  {'metric':<16}{'direct':>10}{'llmq':>10}{'llmq/direct':>13}",
-    ]
-    for concurrency in dict.fromkeys(s.concurrency):
-        direct, llmq = report.level("direct", concurrency), report.level("llmq", concurrency)
-        for label, field, scale in _ROWS:
-            a, b = _value(direct, field, scale), _value(llmq, field, scale)
-            if field == "errors" and not a and not b:
-                continue
-            lines.append(
-                f"{concurrency:>4}  {label:<16}{_cell(a):>10}{_cell(b):>10}"
-                f"{_cell(ratio(b, a), 2):>13}"
-            )
-    lines.extend(error_lines(report))
-    if report.direct_startup_s is not None:
-        lines.append(f"(direct vLLM server started in {report.direct_startup_s:.1f} s)")
-    return "\n".join(lines)
-
-
-def error_lines(report: OverheadReport) -> list[str]:
-    """What the failed requests of each level said, most frequent first (count x message)."""
-    lines: list[str] = []
-    for level in report.levels:
-        said = Counter(s.error[:200] for s in level.samples if s.error is not None)
-        for message, count in said.most_common(3):
-            lines.append(
-                f"errors, {level.target} at concurrency {level.concurrency}: {count} x {message}"
-            )
-    return lines
-
-
-def write_json(report: OverheadReport, path: Path) -> None:
-    """The whole report, raw per-request samples included."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.model_dump_json(indent=2) + "\n")
