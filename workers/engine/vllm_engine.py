@@ -13,7 +13,7 @@ import contextlib
 import gc
 import os
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ import structlog
 from schemas.chat import ChatCompletionTokenLogprob, TopLogprob
 from schemas.messages import AdapterRef, InferenceJob, SamplingSettings
 from workers.engine.port import AdapterLoadError, EngineRequestError, EngineStats, EngineStep
+from workers.engine.prefill_rate import PrefillRate
 
 log = structlog.get_logger()
 
@@ -102,13 +103,8 @@ class _Load:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
-    updated_at: float = 0.0
-    prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
-    """(prompt tokens, step seconds) of recent steps that finished prefills."""
-
-    def prefill_tokens_per_s(self) -> float:
-        seconds = sum(s for _, s in self.prefill_steps)
-        return sum(t for t, _ in self.prefill_steps) / seconds if seconds > 0 else 0.0
+    prefill: PrefillRate = field(default_factory=PrefillRate)
+    """Prompt tokens per second of the engine's own prefill steps."""
 
 
 def _stat_logger_factory(load: _Load) -> Any:
@@ -128,20 +124,15 @@ def _stat_logger_factory(load: _Load) -> Any:
             mm_cache_stats: Any = None,
             engine_idx: int = 0,
         ) -> None:
-            now = time.monotonic()
             prompt_tokens = int(getattr(iteration_stats, "num_prompt_tokens", 0) or 0)
-            if prompt_tokens > 0 and load.updated_at > 0:
-                step_s = min(now - load.updated_at, 1.0)  # an idle gap is not a step
-                load.prefill_steps.append((prompt_tokens, step_s))
+            load.prefill.stepped(time.monotonic(), prompt_tokens)
             if scheduler_stats is None:
-                load.updated_at = now
                 return
             load.running = int(scheduler_stats.num_running_reqs)
             load.waiting = int(scheduler_stats.num_waiting_reqs) + int(
                 getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
             )
             load.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-            load.updated_at = now
 
         def log_engine_initialized(self) -> None:
             pass
@@ -292,6 +283,7 @@ class VllmEngine:
         if job.cache_salt is not None:
             prompt["cache_salt"] = job.cache_salt  # only same-salt requests share cached blocks
         request_id = job.request_id
+        self._load.prefill.submitted(time.monotonic(), idle=self._in_flight.total() == 0)
         self._in_flight[request_id] += 1
         finished = False
         stream: AsyncGenerator[Any, None] = self._llm.generate(
@@ -406,7 +398,7 @@ class VllmEngine:
         adapters = tuple(sorted(set(self._adapter_names.values())))
         if in_flight == 0:
             return EngineStats(
-                prefill_tokens_per_s=self._load.prefill_tokens_per_s(), adapters=adapters
+                prefill_tokens_per_s=self._load.prefill.tokens_per_s(), adapters=adapters
             )
         running = min(self._load.running, in_flight)
         waiting = min(self._load.waiting, in_flight - running)
@@ -414,7 +406,7 @@ class VllmEngine:
             running=running,
             waiting=waiting,
             kv_cache_usage=self._load.kv_cache_usage,
-            prefill_tokens_per_s=self._load.prefill_tokens_per_s(),
+            prefill_tokens_per_s=self._load.prefill.tokens_per_s(),
             adapters=adapters,
         )
 
