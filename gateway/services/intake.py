@@ -257,14 +257,13 @@ class JobIntake:
                 await self._unqueue(job)
                 raise self._second_look.refusal(deployment, team.name, judged)
             predicted = judged.prediction
+            self._second_look.sent(job, owner)  # before any await: see `sent`
         reservation = await self._quota.reserve_for(
             team.name, policy.tokens_per_minute, len(prompt), max_tokens * choices
         )
         if not reservation.allowed:
             await self._unqueue(job)
             raise quota_refusal(team.name, policy.tokens_per_minute, job, reservation)
-        if predicted is not None:
-            self._second_look.sent(job, owner)
         partition = route.partition if route is not None else None
         return AdmittedJob(job=job, partition=partition, prediction=predicted)
 
@@ -345,17 +344,21 @@ class JobIntake:
         await self._unqueue(job)
 
     async def _unqueue(self, job: InferenceJob) -> None:
-        """Take a job that will not be produced out of the backlog (and its adapter's
-        demand)."""
+        """Take a job that will not be produced out of the backlog, admission's second look
+        and its adapter's demand."""
         await self._backlog.remove(
             job.pool, job.tier, job.backlog_units, job.team, len(job.prompt_token_ids)
         )
-        await self.ended(job)
+        self._second_look.withdrawn(job.request_id)
+        await self._adapter_ended(job)
 
     async def ended(self, job: InferenceJob) -> None:
         """A job's request ended: its adapter's demand no longer counts it, nor does
         admission's second look count it as waiting."""
         self._second_look.started(job.request_id)
+        await self._adapter_ended(job)
+
+    async def _adapter_ended(self, job: InferenceJob) -> None:
         if job.adapter is not None and self._demand is not None:
             await self._demand.ended(job.pool, job.adapter.id, job.request_id)
 

@@ -63,7 +63,9 @@ class ReplicaAdmission:
 
     def sent(self, job: InferenceJob, owner: ReplicaHeartbeat | None) -> None:
         """An admitted job goes to `owner`'s partition: remembered until its heartbeats
-        show it."""
+        show it. Call it as soon as `judge` admits, with no await between: requests judged
+        while this one awaits its quota must count it (a burst judged all at once otherwise
+        sees an idle replica, and every one of it is admitted as its team's first)."""
         if owner is not None:
             self._sends.record(
                 owner.replica_id,
@@ -85,6 +87,10 @@ class ReplicaAdmission:
             prediction.basis,
             (self._admission.quantile, percentile),
         )
+
+    def withdrawn(self, request_id: str) -> None:
+        """A job `sent` recorded is not produced after all."""
+        self._sends.withdrawn(request_id)
 
     def started(self, request_id: str) -> None:
         """A request's first token (or its end) came back: it no longer waits anywhere."""

@@ -60,6 +60,16 @@ class ReplicaSends:
         """A sent request has started (or ended): it waits no more, heartbeat or not."""
         self._started.add(request_id)
 
+    def withdrawn(self, request_id: str) -> None:
+        """A recorded job will not be produced after all (the quota refused it, the broker
+        failed): forget it, so it neither waits nor holds a slot."""
+        self._started.discard(request_id)
+        for sends in self._sends.values():
+            for entry in sends:
+                if entry[3] == request_id:
+                    sends.remove(entry)
+                    return
+
     def since(self, replica_id: str, at: float) -> RecentSends:
         """What was sent to the replica after `at` (its heartbeat's `sent_at`) and has not
         started since."""

@@ -470,6 +470,55 @@ async def test_a_replica_whose_slots_free_too_late_sheds_after_routing() -> None
     assert batch.prediction is None
 
 
+class GatedBucket(OpenBucket):
+    """Holds every reservation until `gate` opens: requests judged meanwhile overlap."""
+
+    def __init__(self, refuse_first: bool = False) -> None:
+        self.gate = asyncio.Event()
+        self.waiting = 0
+        self.refuse_first = refuse_first
+
+    async def reserve(self, team: str, tokens: int, tokens_per_minute: int) -> BucketDecision:
+        self.waiting += 1
+        await self.gate.wait()
+        if self.refuse_first:
+            self.refuse_first = False
+            return BucketDecision(allowed=False, remaining=0, retry_after_s=3)
+        return await super().reserve(team, tokens, tokens_per_minute)
+
+
+async def test_a_burst_judged_at_once_counts_its_own_earlier_requests() -> None:
+    # Both slots busy until 2.5 and 3 s: a team's first request is admitted however late,
+    # its second is not. Two arriving together must not both pass as the team's first while
+    # the first awaits its quota.
+    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0))
+    bucket = GatedBucket()
+    service, queue, _ = await _service(directory=directory, bucket=bucket)
+    burst = [asyncio.create_task(service.start(_req(), Team("t"))) for _ in range(2)]
+    # One of them is refused while the other awaits its quota (the timeout only bounds a
+    # failing run, where both would await it).
+    await asyncio.wait(burst, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    assert bucket.waiting == 1
+    bucket.gate.set()
+    results = await asyncio.gather(*burst, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, ApiError)]
+    assert len(refused) == 1 and (refused[0].status, refused[0].code) == (429, "overloaded")
+    assert len(queue.jobs) == 1
+
+
+async def test_a_job_the_quota_refuses_is_not_counted_as_waiting_on_its_replica() -> None:
+    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0))
+    bucket = GatedBucket(refuse_first=True)
+    bucket.gate.set()
+    service, _, _ = await _service(directory=directory, bucket=bucket)
+    with pytest.raises(ApiError) as info:
+        await service.start(_req(), Team("t"))
+    assert info.value.code != "overloaded"  # the quota's refusal
+    # Nothing of the team waits on the replica: its next request is its first again.
+    admitted = await service.start(_req(), Team("t"))
+    assert admitted.prediction is not None and admitted.prediction.basis == "replica"
+
+
 def _samples(service: ChatService, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     """The samples of one metric family: sorted labels -> value."""
     from prometheus_client import generate_latest
