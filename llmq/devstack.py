@@ -137,6 +137,7 @@ def _worker_env(settings: DevStackSettings, bootstrap: str) -> dict[str, str]:
         "LLMQ_KV_CACHE_GIB": str(settings.kv_cache_gib),
         "LLMQ_BATCH_MAX_IN_FLIGHT": str(settings.batch_max_in_flight),
         "LLMQ_HEALTH_PROBE_TIMEOUT_S": str(settings.health_probe_timeout_s),
+        "LLMQ_HEALTH_PROBE_INTERVAL_S": str(settings.health_probe_interval_s),
         "LLMQ_LOG_JSON": str(settings.log_json).lower(),
         "LLMQ_ENGINE": settings.engine,
         # Versions with a `weights_uri` fetch them from the stack's S3 server.

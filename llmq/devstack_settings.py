@@ -51,6 +51,11 @@ class DevStackSettings(BaseSettings):
     """How long the worker's probe generation may take. The CPU engine shares the machine with
     everything else on it: another engine (a benchmark's own vLLM server) starved it past the
     worker's 10 s default twice in a row, and the worker restarted itself mid-benchmark."""
+    health_probe_interval_s: float = 30.0
+    """How often an idle worker's probe generation runs (0: off). Every engine call keeps vLLM's
+    worker spinning on its shared-memory queue for the next second (`busy_loop_s`), so the
+    worker's 5 s default kept an idle CPU worker at about 20% of a core, taken from the engine's
+    neighbours on a 2-core machine; at 30 s it is about 3%. A busy worker skips the probe."""
     tool_call_parser: str | None = "hermes"
     """How the model writes tool calls in text, for `tool_choice: "auto"` (None: refused)."""
     max_lora_rank: int = 8

@@ -10,9 +10,10 @@ import pytest
 
 from llmq.bench.goodput import simulated_engine_description
 from llmq.bench.sim_server import modelled_settings
-from llmq.devstack import _gateway_env, _write_state, stack_simulated_env
+from llmq.devstack import _gateway_env, _worker_env, _write_state, stack_simulated_env
 from llmq.devstack_settings import DevStackSettings
 from schemas.deployment import Deployment
+from workers.settings import WorkerSettings
 
 
 def _deployments(settings: DevStackSettings) -> list[Deployment]:
@@ -57,3 +58,15 @@ def test_benchmarks_model_the_gpu_the_running_simulated_stack_models(
     assert simulated_engine_description().startswith("SIMULATED llama-3-70b on 4x h200")
     _write_state([], DevStackSettings(engine="vllm"))  # a vLLM stack models nothing
     assert stack_simulated_env() == {}
+
+
+def test_the_stack_s_workers_probe_an_idle_engine_every_30_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each probe keeps vLLM's worker spinning for a second; the 5 s default cost an idle CPU
+    worker a fifth of a core."""
+    env = _worker_env(DevStackSettings(), "127.0.0.1:9092")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert WorkerSettings().health_probe_interval_s == 30.0
+    assert WorkerSettings.model_fields["health_probe_interval_s"].default == 5.0
