@@ -160,6 +160,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "path": str(model_path),
         "pool": settings.pool,
         "max_model_len": settings.max_model_len,
+        "ttft_slo_s": settings.ttft_slo_s,
         "tool_call_parser": settings.tool_call_parser,
         "replicas": {"min": settings.workers, "max": settings.workers},
     }
@@ -173,7 +174,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
                 "name": settings.second_model,
                 "pool": settings.second_pool,
                 "max_model_len": min(1024, settings.max_model_len),
-                "ttft_slo_s": 0.5,
+                "ttft_slo_s": settings.ttft_slo_s / 2,
                 "engine_args": {"max_num_seqs": 8},
                 "replicas": {"min": 1, "max": 1},
             }

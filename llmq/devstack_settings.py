@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmq.services import LOCALHOST
@@ -40,6 +41,10 @@ class DevStackSettings(BaseSettings):
     """Worker pool of the second model."""
     max_model_len: int = 2048
     """Longest prompt + completion the worker accepts, in tokens."""
+    ttft_slo_s: float = Field(default=1.0, gt=0)
+    """The first model's TTFT SLO, which admission refuses by; the second model gets half of
+    it. Raise it on a machine where even a lone request misses 1 s, to see admission at work
+    rather than refusing everything (a benchmark's ``--ttft-slo-s`` should then match)."""
     max_num_seqs: int = 16
     """Most sequences the worker's engine runs at once."""
     engine: Literal["vllm", "simulated"] = "vllm"

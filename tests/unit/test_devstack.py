@@ -70,3 +70,10 @@ def test_the_stack_s_workers_probe_an_idle_engine_every_30_seconds(
         monkeypatch.setenv(name, value)
     assert WorkerSettings().health_probe_interval_s == 30.0
     assert WorkerSettings.model_fields["health_probe_interval_s"].default == 5.0
+
+
+def test_the_stack_s_slo_is_the_first_model_s_and_the_second_gets_half() -> None:
+    first, second = _deployments(DevStackSettings(ttft_slo_s=4.0))
+    assert (first.ttft_slo_s, second.ttft_slo_s) == (4.0, 2.0)
+    first, second = _deployments(DevStackSettings())
+    assert (first.ttft_slo_s, second.ttft_slo_s) == (1.0, 0.5)
