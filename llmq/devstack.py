@@ -161,6 +161,7 @@ def _gateway_env(settings: DevStackSettings, model_path: Path, bootstrap: str) -
         "pool": settings.pool,
         "max_model_len": settings.max_model_len,
         "ttft_slo_s": settings.ttft_slo_s,
+        "tpot_slo_s": settings.tpot_slo_s,
         "tool_call_parser": settings.tool_call_parser,
         "replicas": {"min": settings.workers, "max": settings.workers},
     }

@@ -45,6 +45,10 @@ class DevStackSettings(BaseSettings):
     """The first model's TTFT SLO, which admission refuses by; the second model gets half of
     it. Raise it on a machine where even a lone request misses 1 s, to see admission at work
     rather than refusing everything (a benchmark's ``--ttft-slo-s`` should then match)."""
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """The first model's TPOT SLO (None: none). With one, its workers cap running sequences
+    at the batch their learnt decode step time keeps within it, and admission counts only
+    those slots (the second model gets the same)."""
     max_num_seqs: int = 16
     """Most sequences the worker's engine runs at once."""
     engine: Literal["vllm", "simulated"] = "vllm"

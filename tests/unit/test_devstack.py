@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from control.k8s_manifests import version_env
 from llmq.bench.goodput import simulated_engine_description
 from llmq.bench.sim_server import modelled_settings
 from llmq.devstack import _gateway_env, _worker_env, _write_state, stack_simulated_env
 from llmq.devstack_settings import DevStackSettings
 from schemas.deployment import Deployment
+from schemas.registry import DeploymentVersion
 from workers.settings import WorkerSettings
 
 
@@ -77,3 +79,12 @@ def test_the_stack_s_slo_is_the_first_model_s_and_the_second_gets_half() -> None
     assert (first.ttft_slo_s, second.ttft_slo_s) == (4.0, 2.0)
     first, second = _deployments(DevStackSettings())
     assert (first.ttft_slo_s, second.ttft_slo_s) == (1.0, 0.5)
+    assert first.tpot_slo_s is None
+
+
+def test_a_tpot_slo_reaches_the_workers_as_their_running_sequence_cap() -> None:
+    first, second = _deployments(DevStackSettings(tpot_slo_s=0.4))
+    assert (first.tpot_slo_s, second.tpot_slo_s) == (0.4, 0.4)
+    version = DeploymentVersion(**first.model_dump(exclude={"name"}), created_at=0)
+    env = version_env(first.name, version, {})
+    assert env["LLMQ_TPOT_SLO_S"] == "0.4"
