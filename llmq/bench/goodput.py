@@ -89,6 +89,9 @@ class RateResult(BaseModel):
     """Succeeded within both SLOs."""
     goodput: float
     """Good requests per second of the level's wall time."""
+    ttft_met: int = 0
+    """Succeeded with TTFT within its SLO (whatever their TPOT): of those admitted, how many
+    admission was right to admit."""
     ttft_p50_s: float | None
     ttft_p95_s: float | None
     tpot_p50_s: float | None
@@ -160,6 +163,7 @@ def summarize_rate(
         output_tokens=sum(s.output_tokens for s in ok),
         admitted=len(samples) - len(refused), refused=len(refused),
         failed=len(samples) - len(ok) - len(refused), good=len(good),
+        ttft_met=sum(1 for t in ttft if t <= settings.ttft_slo_s),
         goodput=len(good) / wall_s if wall_s > 0 else 0.0,
         ttft_p50_s=percentile(ttft, 50), ttft_p95_s=percentile(ttft, 95),
         tpot_p50_s=percentile(tpot, 50), tpot_p95_s=percentile(tpot, 95),
@@ -330,18 +334,20 @@ def format_report(report: GoodputReport) -> str:
         f"max_tokens {s.max_tokens}, SLO TTFT <= {s.ttft_slo_s:g} s and TPOT <= "
         f"{s.tpot_slo_s * 1000:g} ms, machine {report.machine} (cpus {os.cpu_count()})",
         f"{'rate':>6} {'target':<7}{'offered':>8}{'admitted':>9}{'refused':>8}{'failed':>7}"
-        f"{'good':>6}{'goodput/s':>10}{'TTFT p50':>9}{'p95':>7}{'TPOT p50':>9}{'p95':>6}"
+        f"{'good':>6}{'goodput/s':>10}{'TTFT met':>9}{'TTFT p50':>9}{'p95':>7}"
+        f"{'TPOT p50':>9}{'p95':>6}"
         f"{'pred err p50':>13}{'p95':>6}",
     ]
     for r in report.results:
         lines.append(
             f"{r.rate:>6g} {r.target:<7}{r.offered:>8}{r.admitted:>9}{r.refused:>8}{r.failed:>7}"
-            f"{r.good:>6}{r.goodput:>10.2f}{_ms(r.ttft_p50_s):>9}{_ms(r.ttft_p95_s):>7}"
+            f"{r.good:>6}{r.goodput:>10.2f}{r.ttft_met:>9}{_ms(r.ttft_p50_s):>9}{_ms(r.ttft_p95_s):>7}"
             f"{_ms(r.tpot_p50_s):>9}{_ms(r.tpot_p95_s):>6}"
             f"{_ratio(r.prediction_error_p50):>13}{_ratio(r.prediction_error_p95):>6}"
         )
     lines.append(
-        "(prediction error: |predicted - actual| / actual, interpolated within its buckets)"
+        "(TTFT met: succeeded with TTFT within the SLO; prediction error: |predicted - actual|"
+        " / actual, interpolated within its buckets)"
     )
     lines.append("CPU seconds per 1,000 streamed tokens (the benchmark's own client excluded):")
     for r in report.results:

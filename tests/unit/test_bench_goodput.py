@@ -52,6 +52,7 @@ def test_goodput_counts_only_requests_within_both_slos() -> None:
     result = summarize_rate("llmq", 1.0, 2.0, samples, settings)
     assert (result.offered, result.admitted, result.refused, result.failed) == (5, 4, 1, 1)
     assert result.good == 1 and result.goodput == pytest.approx(0.5)
+    assert result.ttft_met == 2  # the slow decode met the TTFT SLO
     assert result.ttft_p50_s == pytest.approx(0.5)
 
 
