@@ -40,6 +40,17 @@ from schemas.heartbeat import ReplicaHeartbeat
 
 _EPSILON = 1e-9
 
+OUTLIER_RATIO = 4.0
+"""One request counts at most this many times the current estimate (of the overhead, or of
+its wait's error): a first token delayed by something the model cannot see (a grammar's
+first compilation takes the CPU engine 18 s) must not poison the pool's calibration for the
+dozens of requests a moving average needs to forget it. A lasting change still shows: each
+request can move the estimate by up to 1 + weight x (ratio - 1)."""
+
+MIN_ESTIMATE_S = 0.01
+"""The least estimate the outlier bound is taken relative to (an overhead learnt near 0 must
+still be able to grow)."""
+
 MAX_REPLICA_MARGIN = 2.0
 """A replica-basis prediction is judged at its percentile, at most twice the prediction: a
 fit still wild (few requests, an engine whose times scatter, like a CPU engine's) must not
@@ -157,6 +168,9 @@ class TtftCalibration:
       it absurd;
     - how far single waits stray from that, in seconds (the moving average of the squared
       error), so admission can judge a high percentile of the TTFT instead of its typical value.
+
+    Each sample is bounded relative to the current estimate (`OUTLIER_RATIO`), so one wild
+    TTFT moves the estimates a step, not to the outlier.
     """
 
     def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.25, 8.0)) -> None:
@@ -187,17 +201,22 @@ class TtftCalibration:
         overhead = self.overhead(pool, default_overhead_s)
         beyond_overhead = actual_s - prediction.prefill_s
         if prediction.wait_s <= 0:
-            sample = max(beyond_overhead, 0.0)
+            bound = OUTLIER_RATIO * max(overhead, MIN_ESTIMATE_S)
+            sample = min(max(beyond_overhead, 0.0), bound)
             self._overhead_s[pool] = overhead + self.weight * (sample - overhead)
         elif actual_s > 0:
             low, high = self._log_bounds
             waited = max(beyond_overhead - overhead, _EPSILON)
             log_factor = self._log_factor.get(pool, 0.0)
-            error_s = waited - math.exp(log_factor) * prediction.wait_s
+            expected_s = math.exp(log_factor) * prediction.wait_s
+            bound = OUTLIER_RATIO * max(expected_s, self.spread_s(pool), MIN_ESTIMATE_S)
+            error_s = min(max(waited - expected_s, -bound), bound)
             variance = self._variance.get(pool, 0.0)
             self._variance[pool] = variance + self.weight * (error_s**2 - variance)
-            log_ratio = min(max(math.log(waited / prediction.wait_s), low), high)
-            self._log_factor[pool] = log_factor + self.weight * (log_ratio - log_factor)
+            step = math.log(waited / prediction.wait_s) - log_factor
+            step = min(max(step, -math.log(OUTLIER_RATIO)), math.log(OUTLIER_RATIO))
+            log_factor = min(max(log_factor + self.weight * step, low), high)
+            self._log_factor[pool] = log_factor
         return self.factor(pool)
 
 

@@ -143,6 +143,28 @@ def test_calibration_learns_the_overhead_and_a_factor_on_the_wait() -> None:
     assert calibration.factor("p") == pytest.approx(8.0)
 
 
+def test_one_wild_ttft_moves_the_calibration_a_step_not_to_the_outlier() -> None:
+    calibration = TtftCalibration(weight=0.2)
+    idle = TtftPrediction(ttft_s=0.05, wait_s=0.0, prefill_s=0.01)
+    for _ in range(30):
+        calibration.observe("p", idle, 0.06, default_overhead_s=0.05)
+    assert calibration.overhead("p", 0.05) == pytest.approx(0.05, abs=1e-3)
+    # A grammar's first compilation: 18 s before the first token of an idle-pool request.
+    calibration.observe("p", idle, 18.0, default_overhead_s=0.05)
+    assert calibration.overhead("p", 0.05) == pytest.approx(0.05 + 0.2 * (0.2 - 0.05), rel=1e-3)
+    queued = TtftPrediction(ttft_s=0.6, wait_s=0.5, prefill_s=0.01)
+    for _ in range(30):  # waits as predicted, give or take 50 ms
+        calibration.observe("p", queued, 0.01 + 0.08 + 0.5 + 0.05, default_overhead_s=0.05)
+    spread = calibration.spread_s("p")
+    calibration.observe("p", queued, 30.0, default_overhead_s=0.05)  # one 30 s outlier
+    assert spread < 0.1 and calibration.spread_s("p") < 1.0  # not the 13 s it would be
+    assert calibration.factor("p") < 1.2 * 4**0.2  # a step of at most 4x its weight
+    # A lasting change is still learnt, a bounded step at a time.
+    for _ in range(40):
+        calibration.observe("p", idle, 3.0, default_overhead_s=0.05)
+    assert calibration.overhead("p", 0.05) == pytest.approx(2.99, rel=1e-2)
+
+
 def test_a_calibrated_admission_shrinks_the_wait_budget_by_its_factor() -> None:
     controller = AdmissionController(TtftPredictor(overhead_s=0.0), default_slo_s=1.0)
     raw = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p")
