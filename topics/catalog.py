@@ -108,6 +108,13 @@ def team_waiting_key(pool: str, tier: PriorityClass) -> str:
     return f"llmq:backlog:{pool}:{tier}:waiting"
 
 
+def slot_freed_key(request_id: str, replay_id: str | None = None) -> str:
+    """Redis flag (with a TTL): one job's slot share has been uncounted, so the other runs
+    and ends that reach it uncount nothing; a replay (queued, so counted, anew) has its own."""
+    suffix = f":{replay_id}" if replay_id else ""
+    return f"llmq:slot-freed:{request_id}{suffix}"
+
+
 def bucket_key(team: str) -> str:
     """Redis hash holding one team's token bucket (tokens, last refill in ms)."""
     return f"llmq:bucket:{team}"

@@ -253,6 +253,19 @@ class QueueBacklog(Protocol):
     ) -> None:
         """Uncount backlog units; `waiting_tokens` of them (default: all) stop waiting."""
 
+    async def free_slot(
+        self,
+        pool: str,
+        tier: PriorityClass,
+        slot_units: int,
+        team: str,
+        request_id: str,
+        replay_id: str | None = None,
+    ) -> bool:
+        """Uncount a job's slot share (`InferenceJob.slot_units`) once (per replay) however
+        many of its runs and ends reach it; False when it already was."""
+        ...
+
     async def queued(self, pool: str, tier: PriorityClass) -> int: ...
 
     async def team_queued(self, pool: str, tier: PriorityClass) -> dict[str, int]:

@@ -13,7 +13,13 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from topics.catalog import PriorityClass, backlog_key, team_backlogs_key, team_waiting_key
+from topics.catalog import (
+    PriorityClass,
+    backlog_key,
+    slot_freed_key,
+    team_backlogs_key,
+    team_waiting_key,
+)
 from topics.ports import BacklogAdmission
 
 NO_TEAM = "-"
@@ -40,6 +46,17 @@ lower(KEYS[2], n)
 if tonumber(ARGV[4]) > 0 then lower(KEYS[3], tonumber(ARGV[4])) end
 """
 _REMOVE = REMOVE_LUA + "return 1\n"
+
+# KEYS: as `REMOVE_LUA`, then the run's slot-freed flag. ARGV: as `REMOVE_LUA` (no waiting
+# tokens), then the flag's ttl in ms. Lowers the counters only where the flag was not set.
+_FREE_SLOT = (
+    "if not redis.call('SET', KEYS[4], 1, 'NX', 'PX', ARGV[5]) then return 0 end\n"
+    + REMOVE_LUA
+    + "return 1\n"
+)
+
+SLOT_FREED_TTL_S = 3600
+"""How long a run's slot-freed flag is kept: far longer than any redelivery of that run."""
 
 # KEYS: the pool's counter, the pool's per-team hash, the per-team waiting hash. ARGV:
 # tokens, limit, ttl in ms, team, waiting tokens.
@@ -76,6 +93,7 @@ class RedisBacklog:
         self._idle_ttl_ms = idle_ttl_s * 1000
         self._remove = redis.register_script(_REMOVE)
         self._try_add = redis.register_script(_TRY_ADD)
+        self._free_slot = redis.register_script(_FREE_SLOT)
 
     @staticmethod
     def _keys(pool: str, tier: PriorityClass) -> list[str]:
@@ -141,6 +159,23 @@ class RedisBacklog:
             keys=self._keys(pool, tier),
             args=[prompt_tokens, self._idle_ttl_ms, team or NO_TEAM, waiting],
         )
+
+    async def free_slot(
+        self,
+        pool: str,
+        tier: PriorityClass,
+        slot_units: int,
+        team: str,
+        request_id: str,
+        replay_id: str | None = None,
+    ) -> bool:
+        if slot_units <= 0:
+            return False
+        freed = await self._free_slot(
+            keys=[*self._keys(pool, tier), slot_freed_key(request_id, replay_id)],
+            args=[slot_units, self._idle_ttl_ms, team or NO_TEAM, 0, SLOT_FREED_TTL_S * 1000],
+        )
+        return bool(freed)
 
     def removal(
         self, pool: str, tier: PriorityClass, prompt_tokens: int, team: str | None = None

@@ -120,7 +120,7 @@ class JobRunner:
         delivered = UsageCounts()
         try:
             # Its prompt leaves the queue now (admission counts queued prompt tokens per pool;
-            # the job's share of slot time stays counted until it ends: `_finished`).
+            # the job's share of slot time stays counted until it ends: `_free_slot`).
             # One round trip before the engine, not four. (A run of a finished job also
             # counts a start, harmless: it never runs again.)
             key = attempt_key(job.request_id, job.replay.replay_id if job.replay else None)
@@ -129,6 +129,7 @@ class JobRunner:
             forced = job.replay is not None and job.replay.force
             if finished and not forced:
                 bound.info("job_skipped_finished")
+                await self._free_slot(job)  # a replay's (counted as it was queued again)
                 return JobOutcome("duplicate", UsageCounts())
             delivered = earlier.delivered
             if cancelled:
@@ -199,6 +200,9 @@ class JobRunner:
             outcome = finish_reason
             choices = job.sampling.n
             reasons = tuple(ends.get(i, "stop") for i in range(choices)) if choices > 1 else ()
+            # Its slot is free before its caller hears the end: a client that sends its next
+            # request at once must not find this one still counted ahead of it.
+            await self._free_slot(job)
             await self._output.finished(job, buffered, finish_reason, usage(), reasons, started)
             final = usage()
         except asyncio.CancelledError:
@@ -330,6 +334,15 @@ class JobRunner:
         self._client_cancelled.add(request_id)
         return True
 
+    async def _free_slot(self, job: InferenceJob) -> None:
+        """Uncount the job's slot share in its pool's backlog (once, however many of its
+        runs and ends reach here)."""
+        if job.slot_units:
+            replay_id = job.replay.replay_id if job.replay else None
+            await self._backlog.free_slot(
+                job.pool, job.tier, job.slot_units, job.team, job.request_id, replay_id
+            )
+
     async def _finished(
         self,
         job: InferenceJob,
@@ -341,15 +354,12 @@ class JobRunner:
     ) -> None:
         """A terminal outcome: remember it, and bill exactly the tokens produced (once: a
         second run reaching an outcome, e.g. a worker thought dead, bills nothing)."""
+        await self._free_slot(job)  # (once, whichever end reaches it first)
         first = await self._ledger.mark_finished(job.request_id)
         forced = job.replay is not None and job.replay.force
         if not first and not forced:
             log.warning("job_finished_twice", request_id=job.request_id, outcome=outcome)
             return
-        if job.slot_units:  # its slot is free again (once: the first run to end frees it)
-            await self._backlog.remove(
-                job.pool, job.tier, job.slot_units, job.team, waiting_tokens=0
-            )
         await self._usage.record(
             UsageRecord(
                 request_id=job.request_id,

@@ -7,8 +7,10 @@ import asyncio
 import httpx
 import openai
 import pytest
+from redis.asyncio import Redis
 
-from tests.e2e.conftest import SMALL_TEAM_KEY, STRICT_MODEL, Stack
+from tests.e2e.conftest import SMALL_TEAM_KEY, STRICT_MODEL, TEAM_KEYS, Stack
+from topics.catalog import team_backlogs_key
 
 pytestmark = pytest.mark.e2e
 
@@ -83,3 +85,33 @@ async def test_over_quota_team_is_refused_while_another_team_is_served(stack: St
     assert "more than your team's quota" in never.value.message
     await small.close()
     await other.close()
+
+
+async def test_a_finished_request_holds_no_slot_when_its_caller_hears_the_end(
+    stack: Stack,
+) -> None:
+    """Admission counts a running job's share of slot time until it ends. A client that sends
+    its next request the moment the last one ended must not find that one still counted
+    ahead of it: on a pool whose calibration is off, that alone refused an idle pool's
+    requests."""
+    client = openai.AsyncOpenAI(
+        base_url=f"{stack.base_url}/v1", api_key=TEAM_KEYS["team-a"], max_retries=0
+    )
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        for stream in (False, True, False, True):
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model=stack.model, messages=HELLO, max_tokens=4, stream=True
+                )
+                async for _ in chunks:
+                    pass
+            else:
+                await client.chat.completions.create(
+                    model=stack.model, messages=HELLO, max_tokens=4
+                )
+            held = await redis.hget(team_backlogs_key(stack.pool, "interactive"), "team-a")
+            assert held is None, f"a finished job still holds {held!r} units"
+    finally:
+        await client.close()
+        await redis.aclose()

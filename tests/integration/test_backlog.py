@@ -8,7 +8,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from topics.catalog import backlog_key
+from topics.catalog import backlog_key, team_backlogs_key
 from topics.ports import QueueBacklog
 from topics.redis_backlog import RedisBacklog
 
@@ -126,3 +126,19 @@ async def test_a_running_jobs_slot_share_counts_in_the_backlog_but_not_as_waitin
     await backlog.remove(pool, "interactive", 1_000, "a", waiting_tokens=0)  # the first ends
     assert await backlog.team_queued(pool, "interactive") == {"a": 500}
     assert await backlog.queued(pool, "interactive") == 1_500
+
+
+async def test_a_jobs_slot_share_is_freed_once_per_replay(redis: Redis, pool: str) -> None:
+    """Whichever of a job's runs and ends reaches it first frees its slot share; the others
+    free nothing (a second decrement would uncount another job's share). A replay, queued
+    and counted again, frees its own."""
+    backlog: QueueBacklog = RedisBacklog(redis)
+    await backlog.add(pool, "interactive", 3_000, "a", waiting_tokens=0)  # three running shares
+    assert await backlog.free_slot(pool, "interactive", 1_000, "a", "req-1")
+    assert not await backlog.free_slot(pool, "interactive", 1_000, "a", "req-1")
+    assert await backlog.queued(pool, "interactive") == 2_000
+    assert await backlog.free_slot(pool, "interactive", 1_000, "a", "req-1", replay_id="r1")
+    assert not await backlog.free_slot(pool, "interactive", 1_000, "a", "req-1", replay_id="r1")
+    assert await backlog.queued(pool, "interactive") == 1_000
+    assert not await backlog.free_slot(pool, "interactive", 0, "a", "req-2")  # a batch job's
+    assert await redis.hgetall(team_backlogs_key(pool, "interactive")) == {b"a": b"1000"}
