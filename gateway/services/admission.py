@@ -119,6 +119,8 @@ class TtftPrediction:
     the prefill of prompts ahead)."""
     fit_key: str = ""
     """With the replica basis: what its calibration is learnt under (pool and team)."""
+    running: int = 0
+    """With the replica basis: the sequences running on the replica as it was judged."""
     pool_prediction: TtftPrediction | None = None
     """With the replica basis: the pool's prediction for the same request (still learnt
     from, as admission's queue limit uses it)."""
@@ -288,12 +290,13 @@ class AdmissionController:
         fit_key = f"{pool}/{team}"
         line = self.replica_fit.line(fit_key, self._overhead(pool))
         return TtftPrediction(
-            ttft_s=prefill + line.beyond_prefill_s(wait.slot_s, wait.prefill_ahead_s),
+            ttft_s=prefill + line.beyond_prefill_s(wait.slot_s, wait.prefill_ahead_s, wait.running),
             wait_s=wait.slot_s + wait.prefill_ahead_s,
             prefill_s=prefill,
             basis="replica",
             slot_wait_s=wait.slot_s,
             fit_key=fit_key,
+            running=wait.running,
             pool_prediction=pool_prediction,
         )
 
@@ -309,6 +312,7 @@ class AdmissionController:
                 beyond_prefill_s=actual_s - prediction.prefill_s,
                 actual_s=actual_s,
                 default_overhead_s=self._overhead(pool),
+                running=prediction.running,
             )
             pool_prediction = prediction.pool_prediction
         if pool_prediction is None:

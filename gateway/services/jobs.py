@@ -289,6 +289,7 @@ def _predicted(prediction: TtftPrediction | None) -> dict[str, float | str | Non
         "predicted_basis": prediction.basis,
         "predicted_wait_s": round(prediction.wait_s, 4),
         "predicted_slot_wait_s": round(prediction.slot_wait_s, 4),
+        "predicted_running": prediction.running,
     }
 
 

@@ -133,6 +133,8 @@ class ReplicaWait:
     """The prefill of prompts ahead of it, at the replica's rate."""
     team_waiting: int = 0
     """Jobs of its own team waiting there for a slot (0: it is its team's first)."""
+    running: int = 0
+    """Sequences running there as it arrives (whose decode steps its prefill shares)."""
 
 
 def replica_wait(
@@ -156,4 +158,5 @@ def replica_wait(
     if slot_s is None:
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens
-    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s, waiting.get(team, 0))
+    running = replica.in_flight + sent.started
+    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s, waiting.get(team, 0), running)

@@ -70,6 +70,10 @@ def test_replica_wait_adds_the_prompts_ahead() -> None:
     assert wait is not None
     assert wait.slot_s == pytest.approx(0.2)  # two ahead (buffered + sent) take 0.2 s slots
     assert wait.prefill_ahead_s == pytest.approx(2.0)  # 2,000 tokens at 1,000/s
+    assert wait.running == 3
+    started = RecentSends({"a": 1}, 1_500, started=1)
+    later = replica_wait(replica, now=100.0, sent=started, prefill_tokens_per_s=1_000, team="a")
+    assert later is not None and later.running == 3 + 1  # and the one started since
 
 
 def test_sends_since_a_heartbeat() -> None:
@@ -119,6 +123,51 @@ def test_the_fit_learns_overhead_and_both_factors() -> None:
     assert line.prefill_factor == pytest.approx(0.1, abs=0.1)  # the prior pulls towards 1
     assert fit.spread_log("p") < 0.05
     assert fit.line("other", 0.05).overhead_s == 0.05  # pools learn apart
+
+
+def test_the_fit_learns_what_each_running_sequence_adds() -> None:
+    """A CPU engine: a request arriving among n decoding streams waits about 0.3 s per
+    stream for the step its prefill shares, with no slot wait and nothing ahead of it."""
+    fit = WaitFit()
+    for i in range(300):
+        running, slot = i % 9, (i % 4) * 0.1
+        actual = 0.05 + slot + 0.3 * running
+        fit.observe(
+            "p",
+            slot_wait_s=slot,
+            prefill_ahead_s=0.0,
+            beyond_prefill_s=actual,
+            actual_s=actual,
+            default_overhead_s=0.05,
+            running=running,
+        )
+    line = fit.line("p", 0.05)
+    assert line.decode_s == pytest.approx(0.3, rel=0.05)
+    assert line.slot_factor == pytest.approx(1.0, abs=0.1)
+    assert line.overhead_s == pytest.approx(0.05, abs=0.03)
+    assert line.beyond_prefill_s(0.0, 0.0, 8) == pytest.approx(2.45, rel=0.05)
+    assert fit.spread_log("p") < 0.1
+
+
+def test_a_steady_running_count_teaches_no_decode_cost() -> None:
+    """A GPU replica that always runs 8 sequences: nothing tells a decode cost from the
+    overhead, and the overhead carries it all (the decode term stays at 0)."""
+    fit = WaitFit()
+    for i in range(200):
+        slot = (i % 5) * 0.02
+        actual = 0.04 + slot
+        fit.observe(
+            "p",
+            slot_wait_s=slot,
+            prefill_ahead_s=0.0,
+            beyond_prefill_s=actual,
+            actual_s=actual,
+            default_overhead_s=0.05,
+            running=8,
+        )
+    line = fit.line("p", 0.05)
+    assert line.decode_s == pytest.approx(0.0, abs=1e-3)
+    assert line.beyond_prefill_s(0.0, 0.0, 8) == pytest.approx(0.04, abs=0.005)
 
 
 def test_the_fit_weighs_relative_errors() -> None:
