@@ -290,7 +290,7 @@ class AdmissionController:
         fit_key = f"{pool}/{team}"
         line = self.replica_fit.line(fit_key, self._overhead(pool))
         return TtftPrediction(
-            ttft_s=prefill + line.beyond_prefill_s(wait.slot_s, wait.prefill_ahead_s, wait.running),
+            ttft_s=line.ttft_s(prefill, wait.slot_s, wait.prefill_ahead_s, wait.running),
             wait_s=wait.slot_s + wait.prefill_ahead_s,
             prefill_s=prefill,
             basis="replica",
@@ -307,9 +307,9 @@ class AdmissionController:
         if prediction.basis == "replica":
             self.replica_fit.observe(
                 prediction.fit_key,
+                own_prefill_s=prediction.prefill_s,
                 slot_wait_s=prediction.slot_wait_s,
                 prefill_ahead_s=prediction.wait_s - prediction.slot_wait_s,
-                beyond_prefill_s=actual_s - prediction.prefill_s,
                 actual_s=actual_s,
                 default_overhead_s=self._overhead(pool),
                 running=prediction.running,

@@ -1,37 +1,45 @@
 """How actual TTFTs follow the predicted waits on a replica, learnt per pool: an
 exponentially weighted least-squares fit of
 
-    actual TTFT - own prefill = overhead + slot factor x slot wait + prefill factor x prefill ahead
-                                + decode cost x sequences running
-
+    actual TTFT = overhead + own factor x own prefill + slot factor x slot wait
+                  + prefill factor x prefill ahead + decode cost x sequences running
 
 The parameters come out of one fit, so the overhead (the hop, the step that makes the first
 token) is learnt from every request, not only from those that had nothing ahead of them (on a
-busy pool few have). The two waits get factors of their own because they behave differently:
-a wait for a slot is served whole, while prompts queued ahead are mostly prefilled in the same
-engine steps as the request's own (chunked prefill batches them, and a step that reads the
-weights anyway costs little more for a few hundred prompt tokens), so their factor is
-usually far below 1. A weak prior holds both factors near 1 while the waits seen barely vary.
-The last term is the decode load the request arrives into: its prefill shares engine steps
-with every running sequence's decode, and the step ends only when they all have their next
-token. On a GPU a step barely grows with the batch and the cost learnt is near 0; on a CPU
-engine, where each sequence adds to every step, it is what a request arriving among eight
-decoding streams waits for while its slot wait and the prompts ahead are both 0. A weak
-prior holds it at 0 while the running count barely varies (then the overhead carries it).
-Each request weighs 1 / its actual TTFT squared, so the fit minimises relative errors
-(how prediction error is judged) and a few long waits cannot drag the short TTFTs' overhead
-up. The spread of single requests around the fit (the moving root mean square of
-log(actual / predicted), each clamped to a factor of e^2) is what admission's margin for a
-high percentile uses: relative, because a wait's error grows with the wait (a flooding
-team's long waits must not widen the margin of a steady team's short ones), in logs and
-clamped, so one wild over-prediction cannot blow the margin up.
+busy pool few have).
+
+- The own prefill (the prompt at the replica's measured rate) has a factor because that rate
+  is itself an estimate that moves: a fallback until the replica has prefilled anything, and
+  on a CPU engine a ratio that folds each step's fixed cost into short prompts' tokens.
+  Without it, what a changed rate adds would be counted twice, once in the prefill and once
+  in the overhead learnt before.
+- The two waits get factors of their own because they behave differently: a wait for a slot
+  is served whole, while prompts queued ahead are mostly prefilled in the same engine steps
+  as the request's own (chunked prefill batches them, and a step that reads the weights
+  anyway costs little more for a few hundred prompt tokens), so their factor is usually far
+  below 1.
+- The last term is the decode load the request arrives into: its prefill shares engine steps
+  with every running sequence's decode, and the step ends only when they all have their next
+  token. On a GPU a step barely grows with the batch and the cost learnt is near 0; on a CPU
+  engine, where each sequence adds to every step, it is what a request arriving among eight
+  decoding streams waits for while its slot wait and the prompts ahead are both 0.
+
+Weak priors hold the three factors near 1 and the decode cost at 0 while what they multiply
+barely varies (then the overhead carries it). Each request weighs 1 / its actual TTFT
+squared, so the fit minimises relative errors (how prediction error is judged) and a few
+long waits cannot drag the short TTFTs' overhead up. The spread of single requests around
+the fit (the moving root mean square of log(actual / predicted), each clamped to a factor of
+e^2) is what admission's margin for a high percentile uses: relative, because a wait's error
+grows with the wait (a flooding team's long waits must not widen the margin of a steady
+team's short ones), in logs and clamped, so one wild over-prediction cannot blow the margin
+up.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_LOG_ERROR = 2.0
 """A single request's log(actual / predicted) counts at most this far from 0 in the spread."""
@@ -39,8 +47,14 @@ MAX_LOG_ERROR = 2.0
 MIN_ACTUAL_S = 0.005
 """Actual TTFTs below this weigh as much as this one (a guard against tiny denominators)."""
 
+MIN_OWN_FACTOR = 0.1
+"""The least factor on a request's own prefill: a rate estimate that jumped may make the
+prefill look nearly free for a while, never entirely (long prompts must still cost more)."""
+
 MAX_DECODE_COST_S = 1.0
 """The most the decode term may add per running sequence (a bound on a wild fit)."""
+
+_TERMS = 4  # own prefill, slot wait, prefill ahead, running sequences
 
 
 @dataclass(frozen=True)
@@ -52,13 +66,16 @@ class WaitLine:
     prefill_factor: float
     decode_s: float = 0.0
     """Seconds added per sequence running on the replica when the request arrives."""
+    own_factor: float = 1.0
+    """What the request's own prefill, at the replica's measured rate, is multiplied by."""
 
-    def beyond_prefill_s(
-        self, slot_wait_s: float, prefill_ahead_s: float, running: int = 0
+    def ttft_s(
+        self, own_prefill_s: float, slot_wait_s: float, prefill_ahead_s: float, running: int = 0
     ) -> float:
-        """The predicted TTFT less the request's own prefill."""
+        """The predicted TTFT."""
         return (
             self.overhead_s
+            + self.own_factor * own_prefill_s
             + self.slot_factor * slot_wait_s
             + self.prefill_factor * prefill_ahead_s
             + self.decode_s * running
@@ -67,22 +84,14 @@ class WaitLine:
 
 @dataclass(slots=True)
 class _Sums:
-    """Exponentially weighted sums: weight, means' numerators and second moments."""
+    """Exponentially weighted sums: weight, the terms' and the TTFT's first and second
+    moments, and the spread's squared log errors."""
 
     weight: float = 0.0
-    x1: float = 0.0
-    x2: float = 0.0
+    x: list[float] = field(default_factory=lambda: [0.0] * _TERMS)
     y: float = 0.0
-    x1x1: float = 0.0
-    x2x2: float = 0.0
-    x1x2: float = 0.0
-    x1y: float = 0.0
-    x2y: float = 0.0
-    x3: float = 0.0
-    x3x3: float = 0.0
-    x1x3: float = 0.0
-    x2x3: float = 0.0
-    x3y: float = 0.0
+    xx: list[list[float]] = field(default_factory=lambda: [[0.0] * _TERMS for _ in range(_TERMS)])
+    xy: list[float] = field(default_factory=lambda: [0.0] * _TERMS)
     count: float = 0.0
     squared_error: float = 0.0
 
@@ -114,22 +123,25 @@ class WaitFit:
         if s is None or s.weight <= 0:
             return WaitLine(default_overhead_s, 1.0, 1.0)
         w = s.weight
-        m1, m2, m3, my = s.x1 / w, s.x2 / w, s.x3 / w, s.y / w
-        prior = self.prior_s2
-        # Ridge normal equations on centred data, pulled towards factors of 1 (the waits)
-        # and a decode cost of 0.
-        a = (
-            (s.x1x1 / w - m1 * m1 + prior, s.x1x2 / w - m1 * m2, s.x1x3 / w - m1 * m3),
-            (s.x1x2 / w - m1 * m2, s.x2x2 / w - m2 * m2 + prior, s.x2x3 / w - m2 * m3),
-            (s.x1x3 / w - m1 * m3, s.x2x3 / w - m2 * m3, s.x3x3 / w - m3 * m3 + self.running_prior),
-        )
-        b = (s.x1y / w - m1 * my + prior, s.x2y / w - m2 * my + prior, s.x3y / w - m3 * my)
-        slot, prefill, decode = _solve3(a, b)
+        m = [v / w for v in s.x]
+        my = s.y / w
+        # Ridge normal equations on centred data, pulled towards factors of 1 (own prefill
+        # and the waits) and a decode cost of 0.
+        priors = (self.prior_s2, self.prior_s2, self.prior_s2, self.running_prior)
+        targets = (1.0, 1.0, 1.0, 0.0)
+        a = [
+            [s.xx[i][j] / w - m[i] * m[j] + (priors[i] if i == j else 0.0) for j in range(_TERMS)]
+            for i in range(_TERMS)
+        ]
+        b = [s.xy[i] / w - m[i] * my + priors[i] * targets[i] for i in range(_TERMS)]
+        own, slot, prefill, decode = _solve(a, b)
+        own = min(max(own, MIN_OWN_FACTOR), self.max_factor)
         slot = min(max(slot, 0.25), self.max_factor)
         prefill = min(max(prefill, 0.0), self.max_factor)
         decode = min(max(decode, 0.0), MAX_DECODE_COST_S)
-        overhead = max(my - slot * m1 - prefill * m2 - decode * m3, 0.0)
-        return WaitLine(overhead, slot, prefill, decode)
+        coef = (own, slot, prefill, decode)
+        overhead = max(my - sum(c * mi for c, mi in zip(coef, m, strict=True)), 0.0)
+        return WaitLine(overhead, slot, prefill, decode, own)
 
     def spread_log(self, pool: str) -> float:
         """Root mean square of recent log(actual / predicted), each within +-2 (0 until
@@ -141,49 +153,48 @@ class WaitFit:
         self,
         pool: str,
         *,
+        own_prefill_s: float,
         slot_wait_s: float,
         prefill_ahead_s: float,
-        beyond_prefill_s: float,
         actual_s: float,
         default_overhead_s: float,
         running: int = 0,
     ) -> None:
-        """One request: its predicted waits, the sequences running where it was sent, its
-        actual TTFT, and that less its own prefill."""
-        predicted = self.line(pool, default_overhead_s).beyond_prefill_s(
-            slot_wait_s, prefill_ahead_s, running
+        """One request: its own prefill and predicted waits, the sequences running where it
+        was sent, and its actual TTFT."""
+        predicted = self.line(pool, default_overhead_s).ttft_s(
+            own_prefill_s, slot_wait_s, prefill_ahead_s, running
         )
         s = self._sums.setdefault(pool, _Sums())
         k = self.decay
         v = 1 / max(actual_s, MIN_ACTUAL_S) ** 2
-        x1, x2, x3, y = slot_wait_s, prefill_ahead_s, float(running), beyond_prefill_s
+        x = (own_prefill_s, slot_wait_s, prefill_ahead_s, float(running))
         s.weight = s.weight * k + v
-        s.x1, s.x2, s.y = s.x1 * k + v * x1, s.x2 * k + v * x2, s.y * k + v * y
-        s.x1x1 = s.x1x1 * k + v * x1 * x1
-        s.x2x2 = s.x2x2 * k + v * x2 * x2
-        s.x1x2 = s.x1x2 * k + v * x1 * x2
-        s.x1y, s.x2y = s.x1y * k + v * x1 * y, s.x2y * k + v * x2 * y
-        s.x3, s.x3x3, s.x3y = s.x3 * k + v * x3, s.x3x3 * k + v * x3 * x3, s.x3y * k + v * x3 * y
-        s.x1x3, s.x2x3 = s.x1x3 * k + v * x1 * x3, s.x2x3 * k + v * x2 * x3
+        s.y = s.y * k + v * actual_s
+        for i in range(_TERMS):
+            s.x[i] = s.x[i] * k + v * x[i]
+            s.xy[i] = s.xy[i] * k + v * x[i] * actual_s
+            for j in range(_TERMS):
+                s.xx[i][j] = s.xx[i][j] * k + v * x[i] * x[j]
         s.count = s.count * k + 1
-        prefill_s = actual_s - beyond_prefill_s
-        ratio = max(actual_s, MIN_ACTUAL_S) / max(prefill_s + predicted, MIN_ACTUAL_S)
+        ratio = max(actual_s, MIN_ACTUAL_S) / max(predicted, MIN_ACTUAL_S)
         log_error = min(max(math.log(ratio), -MAX_LOG_ERROR), MAX_LOG_ERROR)
         s.squared_error = s.squared_error * k + log_error * log_error
 
 
-def _solve3(a: Sequence[Sequence[float]], b: Sequence[float]) -> tuple[float, float, float]:
-    """The solution of the 3x3 system a x = b by Cramer's rule (the ridge priors keep a
-    positive definite, so its determinant is never 0)."""
-
-    def det(m: Sequence[Sequence[float]]) -> float:
-        return (
-            m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-        )
-
-    whole = det(a)
-    x = [det([[b[i] if k == j else a[i][k] for k in range(3)] for i in range(3)]) / whole
-         for j in range(3)]  # fmt: skip
-    return x[0], x[1], x[2]
+def _solve(a: Sequence[Sequence[float]], b: Sequence[float]) -> list[float]:
+    """The solution of the square system a x = b, by Gaussian elimination with partial
+    pivoting (the ridge priors keep a positive definite, so no pivot is 0)."""
+    n = len(b)
+    rows = [[*a[i], b[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, n):
+            f = rows[r][col] / rows[col][col]
+            for c in range(col, n + 1):
+                rows[r][c] -= f * rows[col][c]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (rows[i][n] - sum(rows[i][j] * x[j] for j in range(i + 1, n))) / rows[i][i]
+    return x

@@ -113,7 +113,7 @@ def test_the_fit_learns_overhead_and_both_factors() -> None:
             "p",
             slot_wait_s=slot,
             prefill_ahead_s=prefill,
-            beyond_prefill_s=actual,
+            own_prefill_s=0.0,
             actual_s=actual,
             default_overhead_s=0.05,
         )
@@ -123,6 +123,36 @@ def test_the_fit_learns_overhead_and_both_factors() -> None:
     assert line.prefill_factor == pytest.approx(0.1, abs=0.1)  # the prior pulls towards 1
     assert fit.spread_log("p") < 0.05
     assert fit.line("other", 0.05).overhead_s == 0.05  # pools learn apart
+
+
+def test_a_changed_prefill_rate_is_not_counted_twice() -> None:
+    """The replica's rate starts as a fallback (a 45-token prompt's prefill looks like 20 ms)
+    and is then measured on a CPU engine (1.1 s, the step's fixed cost folded in); the same
+    requests keep taking 1.2 s. The overhead learnt first must not be added to the new
+    prefill."""
+    fit = WaitFit()
+    for _ in range(3):
+        fit.observe(
+            "p", own_prefill_s=0.02, slot_wait_s=0.0, prefill_ahead_s=0.0, actual_s=1.2,
+            default_overhead_s=0.05,
+        )  # fmt: skip
+    for _ in range(3):
+        fit.observe(
+            "p", own_prefill_s=1.1, slot_wait_s=0.0, prefill_ahead_s=0.0, actual_s=1.2,
+            default_overhead_s=0.05,
+        )  # fmt: skip
+    line = fit.line("p", 0.05)
+    assert line.ttft_s(1.1, 0.0, 0.0) == pytest.approx(1.2, rel=0.1)  # not 1.1 + 1.18
+    # Prompts of different lengths at a steady rate teach a factor near 1.
+    steady = WaitFit()
+    for i in range(200):
+        own = 0.05 + (i % 6) * 0.1
+        steady.observe(
+            "p", own_prefill_s=own, slot_wait_s=0.0, prefill_ahead_s=0.0, actual_s=0.03 + own,
+            default_overhead_s=0.05,
+        )  # fmt: skip
+    assert steady.line("p", 0.05).own_factor == pytest.approx(1.0, abs=0.05)
+    assert steady.line("p", 0.05).overhead_s == pytest.approx(0.03, abs=0.01)
 
 
 def test_the_fit_learns_what_each_running_sequence_adds() -> None:
@@ -136,7 +166,7 @@ def test_the_fit_learns_what_each_running_sequence_adds() -> None:
             "p",
             slot_wait_s=slot,
             prefill_ahead_s=0.0,
-            beyond_prefill_s=actual,
+            own_prefill_s=0.0,
             actual_s=actual,
             default_overhead_s=0.05,
             running=running,
@@ -145,7 +175,7 @@ def test_the_fit_learns_what_each_running_sequence_adds() -> None:
     assert line.decode_s == pytest.approx(0.3, rel=0.05)
     assert line.slot_factor == pytest.approx(1.0, abs=0.1)
     assert line.overhead_s == pytest.approx(0.05, abs=0.03)
-    assert line.beyond_prefill_s(0.0, 0.0, 8) == pytest.approx(2.45, rel=0.05)
+    assert line.ttft_s(0.0, 0.0, 0.0, 8) == pytest.approx(2.45, rel=0.05)
     assert fit.spread_log("p") < 0.1
 
 
@@ -160,14 +190,14 @@ def test_a_steady_running_count_teaches_no_decode_cost() -> None:
             "p",
             slot_wait_s=slot,
             prefill_ahead_s=0.0,
-            beyond_prefill_s=actual,
+            own_prefill_s=0.0,
             actual_s=actual,
             default_overhead_s=0.05,
             running=8,
         )
     line = fit.line("p", 0.05)
     assert line.decode_s == pytest.approx(0.0, abs=1e-3)
-    assert line.beyond_prefill_s(0.0, 0.0, 8) == pytest.approx(0.04, abs=0.005)
+    assert line.ttft_s(0.0, 0.0, 0.0, 8) == pytest.approx(0.04, abs=0.005)
 
 
 def test_the_fit_weighs_relative_errors() -> None:
@@ -179,7 +209,7 @@ def test_the_fit_weighs_relative_errors() -> None:
             "p",
             slot_wait_s=0.0,
             prefill_ahead_s=0.0,
-            beyond_prefill_s=actual,
+            own_prefill_s=0.0,
             actual_s=actual,
             default_overhead_s=0.05,
         )
