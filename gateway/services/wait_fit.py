@@ -29,7 +29,8 @@ barely varies (then the overhead carries it). Each request weighs 1 / its actual
 squared, so the fit minimises relative errors (how prediction error is judged) and a few
 long waits cannot drag the short TTFTs' overhead up. The spread of single requests around
 the fit (the moving root mean square of log(actual / predicted), each clamped to a factor of
-e^2) is what admission's margin for a high percentile uses: relative, because a wait's error
+e^2, from the second request on: the first was predicted from defaults, not the fit) is what
+admission's margin for a high percentile uses: relative, because a wait's error
 grows with the wait (a flooding team's long waits must not widen the margin of a steady
 team's short ones), in logs and clamped, so one wild over-prediction cannot blow the margin
 up.
@@ -165,6 +166,7 @@ class WaitFit:
         predicted = self.line(pool, default_overhead_s).ttft_s(
             own_prefill_s, slot_wait_s, prefill_ahead_s, running
         )
+        fitted = pool in self._sums  # else the prediction was the defaults, not a fit
         s = self._sums.setdefault(pool, _Sums())
         k = self.decay
         v = 1 / max(actual_s, MIN_ACTUAL_S) ** 2
@@ -176,6 +178,11 @@ class WaitFit:
             s.xy[i] = s.xy[i] * k + v * x[i] * actual_s
             for j in range(_TERMS):
                 s.xx[i][j] = s.xx[i][j] * k + v * x[i] * x[j]
+        if not fitted:
+            # The defaults' miss says nothing about the fit's spread; counted, it would hold
+            # the margin at its widest for dozens of requests, and a margin that refuses
+            # most requests leaves few to learn a narrower one from.
+            return
         s.count = s.count * k + 1
         ratio = max(actual_s, MIN_ACTUAL_S) / max(predicted, MIN_ACTUAL_S)
         log_error = min(max(math.log(ratio), -MAX_LOG_ERROR), MAX_LOG_ERROR)

@@ -155,6 +155,19 @@ def test_a_changed_prefill_rate_is_not_counted_twice() -> None:
     assert steady.line("p", 0.05).overhead_s == pytest.approx(0.03, abs=0.01)
 
 
+def test_the_first_requests_miss_of_the_defaults_is_not_the_fits_spread() -> None:
+    """A CPU engine's first request takes 1.6 s where the defaults say 70 ms: the fit
+    learns from it, but its miss (a factor of 23) would hold the margin at its widest."""
+    fit = WaitFit()
+    for actual in (1.6, 1.5, 1.6, 1.55):
+        fit.observe(
+            "p", own_prefill_s=0.02, slot_wait_s=0.0, prefill_ahead_s=0.0, actual_s=actual,
+            default_overhead_s=0.05,
+        )  # fmt: skip
+    assert fit.line("p", 0.05).ttft_s(0.02, 0.0, 0.0) == pytest.approx(1.56, rel=0.05)
+    assert fit.spread_log("p") < 0.1
+
+
 def test_the_fit_learns_what_each_running_sequence_adds() -> None:
     """A CPU engine: a request arriving among n decoding streams waits about 0.3 s per
     stream for the step its prefill shares, with no slot wait and nothing ahead of it."""
