@@ -45,6 +45,14 @@ def bench_overhead(
             "end off its engine's core) or floating (vLLM's default)."
         ),
     ] = "mirror",
+    retry_refused: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Re-send a refused request after its Retry-After up to this many times, as "
+            "the OpenAI SDK does (2 by default); its times count from the first send.",
+        ),
+    ] = 0,
     json_path: JsonOption = None,
 ) -> None:
     """llmq against vLLM's own OpenAI server on the same model, side by side in one run."""
@@ -63,6 +71,7 @@ def bench_overhead(
         rounds=rounds,
         max_tokens=max_tokens,
         direct_frontend=direct_frontend,
+        retry_refused=retry_refused,
     )
     try:
         report = run_overhead(settings)

@@ -30,15 +30,14 @@ from llmq.bench.overhead import (
     PROMPTS,
     TARGETS,
     OverheadSettings,
-    RequestSample,
     Target,
     machine_description,
-    one_request,
     open_clients,
     start_direct_server,
     warm_up,
 )
 from llmq.bench.stats import percentile
+from llmq.bench.stream_request import RequestSample, one_request
 
 PREDICTION_METRIC = "llmq_ttft_prediction_abs_error_ratio"
 

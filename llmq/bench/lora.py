@@ -28,8 +28,8 @@ import openai
 from pydantic import BaseModel
 
 from llmq.adapterbuild import PHRASE_ADAPTERS, SIGNOFF_ADAPTER
-from llmq.bench.overhead import RequestSample, one_request
 from llmq.bench.stats import fmt_ms, percentile, ratio
+from llmq.bench.stream_request import RequestSample, one_request
 from llmq.modelbuild import ensure_model
 from workers.s3_weights import S3WeightsSource
 from workers.weights import folder_digest

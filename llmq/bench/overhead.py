@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, PositiveInt
 from llmq import paths, services
 from llmq.affinity import pin_floating_threads
 from llmq.bench.stats import mean, percentile
+from llmq.bench.stream_request import RequestSample, one_request, send_with_retries
 from llmq.devstack import stack_platform_cores
 from llmq.engine_env import engine_environment
 
@@ -77,21 +78,13 @@ class OverheadSettings(BaseModel):
     kv_cache_gib: float = 1.0
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
+    retry_refused: int = Field(default=0, ge=0)
+    """Re-send a refused request after its Retry-After up to this many times, as the OpenAI
+    SDK does (twice by default); 0: a refusal is the request's measurement."""
     direct_frontend: Literal["mirror", "floating"] = "mirror"
     """Where the direct server's threads other than its engine's run on a stack started with
     `LLMQ_DEV_PLATFORM_CORES`: "mirror" moves them off its engine's core (as the stack's
     worker does), "floating" leaves them where Linux puts them (vLLM's own default)."""
-
-
-class RequestSample(BaseModel):
-    """One measured request (times in seconds)."""
-
-    ttft_s: float | None = None
-    itl_s: list[float] = Field(default_factory=list)
-    output_tokens: int = 0
-    usage_reported: bool = False
-    e2e_s: float = 0.0
-    error: str | None = None
 
 
 class LevelResult(BaseModel):
@@ -231,49 +224,6 @@ def start_direct_server(
     return proc, f"{root}/v1"
 
 
-async def one_request(
-    client: openai.AsyncOpenAI,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    extra_body: dict[str, object] | None = None,
-) -> RequestSample:
-    """Send one streaming chat completion and time its content chunks."""
-    sample = RequestSample()
-    start = time.perf_counter()
-    last: float | None = None
-    chunks = 0
-    try:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body=extra_body,
-        )
-        async for chunk in stream:
-            now = time.perf_counter()
-            if chunk.usage is not None:
-                sample.output_tokens = chunk.usage.completion_tokens
-                sample.usage_reported = True
-            if not chunk.choices or not chunk.choices[0].delta.content:
-                continue
-            chunks += 1
-            if last is None:
-                sample.ttft_s = now - start
-            else:
-                sample.itl_s.append(now - last)
-            last = now
-    except openai.OpenAIError as exc:
-        sample.error = f"{type(exc).__name__}: {exc}"
-    sample.e2e_s = time.perf_counter() - start
-    if not sample.usage_reported:
-        sample.output_tokens = chunks  # about one token per chunk; flagged in the sample
-    return sample
-
-
 def summarize(
     target: Target,
     concurrency: int,
@@ -318,7 +268,10 @@ async def run_level(
     async def gated(index: int) -> RequestSample:
         async with gate:
             prompt = PROMPTS[index % len(PROMPTS)]
-            return await one_request(client, settings.model, prompt, settings.max_tokens)
+            return await send_with_retries(
+                lambda: one_request(client, settings.model, prompt, settings.max_tokens),
+                settings.retry_refused,
+            )
 
     start = time.perf_counter()
     samples = await asyncio.gather(*(gated(i) for i in range(settings.requests)))

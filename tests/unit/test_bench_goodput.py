@@ -20,8 +20,8 @@ from llmq.bench.goodput import (
     requests_at,
     summarize_rate,
 )
-from llmq.bench.overhead import RequestSample
 from llmq.bench.plot import write_goodput_plot
+from llmq.bench.stream_request import RequestSample
 
 
 def test_arrivals_are_poisson_at_the_rate_and_repeatable() -> None:

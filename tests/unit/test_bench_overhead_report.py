@@ -8,11 +8,11 @@ from llmq.bench.overhead import (
     STALL_S,
     OverheadReport,
     OverheadSettings,
-    RequestSample,
     Target,
     summarize,
 )
 from llmq.bench.overhead_report import format_report, pooled, round_deltas
+from llmq.bench.stream_request import RequestSample
 
 
 def sample(ttft_s: float, gaps: list[float], tokens: int = 0) -> RequestSample:
