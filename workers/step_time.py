@@ -25,6 +25,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from llmq.linear import solve
+
 SAFETY_MARGIN = 0.9
 """The cap keeps the predicted step time at or under this fraction of the SLO: the 10% left
 absorbs what the fit cannot see (jitter between steps, the running jobs' contexts growing
@@ -215,7 +217,7 @@ def _nnls(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] |
             gram[i][j] = gram[j][i]
     best: tuple[float, list[float]] | None = None
     for cols in _SUBSETS:
-        sol = _solve([[gram[i][j] for j in cols] for i in cols], [xty[i] for i in cols])
+        sol = solve([[gram[i][j] for j in cols] for i in cols], [xty[i] for i in cols])
         if sol is None or any(v < 0.0 for v in sol):
             continue
         coef = [0.0, 0.0, 0.0]
@@ -229,23 +231,3 @@ def _nnls(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] |
         return None
     coef = best[1]
     return (coef[0] / scale[0], coef[1] / scale[1], coef[2] / scale[2])
-
-
-def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None for a (nearly) singular system."""
-    size = len(rhs)
-    m = [[*row, b] for row, b in zip(matrix, rhs, strict=True)]
-    tiny = 1e-10 * max(abs(m[i][i]) for i in range(size))
-    for col in range(size):
-        pivot = max(range(col, size), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) <= tiny:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, size):
-            factor = m[r][col] / m[col][col]
-            for k in range(col, size + 1):
-                m[r][k] -= factor * m[col][k]
-    out = [0.0] * size
-    for r in reversed(range(size)):
-        out[r] = (m[r][size] - sum(m[r][k] * out[k] for k in range(r + 1, size))) / m[r][r]
-    return out

@@ -39,8 +39,9 @@ up.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from llmq.linear import solve
 
 MAX_LOG_ERROR = 2.0
 """A single request's log(actual / predicted) counts at most this far from 0 in the spread."""
@@ -135,7 +136,10 @@ class WaitFit:
             for i in range(_TERMS)
         ]
         b = [s.xy[i] / w - m[i] * my + priors[i] * targets[i] for i in range(_TERMS)]
-        own, slot, prefill, decode = _solve(a, b)
+        solved = solve(a, b)
+        if solved is None:  # the priors keep it positive definite; a guard all the same
+            return WaitLine(default_overhead_s, 1.0, 1.0)
+        own, slot, prefill, decode = solved
         own = min(max(own, MIN_OWN_FACTOR), self.max_factor)
         slot = min(max(slot, 0.25), self.max_factor)
         prefill = min(max(prefill, 0.0), self.max_factor)
@@ -187,21 +191,3 @@ class WaitFit:
         ratio = max(actual_s, MIN_ACTUAL_S) / max(predicted, MIN_ACTUAL_S)
         log_error = min(max(math.log(ratio), -MAX_LOG_ERROR), MAX_LOG_ERROR)
         s.squared_error = s.squared_error * k + log_error * log_error
-
-
-def _solve(a: Sequence[Sequence[float]], b: Sequence[float]) -> list[float]:
-    """The solution of the square system a x = b, by Gaussian elimination with partial
-    pivoting (the ridge priors keep a positive definite, so no pivot is 0)."""
-    n = len(b)
-    rows = [[*a[i], b[i]] for i in range(n)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        for r in range(col + 1, n):
-            f = rows[r][col] / rows[col][col]
-            for c in range(col, n + 1):
-                rows[r][c] -= f * rows[col][c]
-    x = [0.0] * n
-    for i in reversed(range(n)):
-        x[i] = (rows[i][n] - sum(rows[i][j] * x[j] for j in range(i + 1, n))) / rows[i][i]
-    return x
