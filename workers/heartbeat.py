@@ -49,7 +49,7 @@ class Heartbeat:
     def current(self) -> ReplicaHeartbeat:
         stats = self.engine.stats() if self.engine is not None and self.state != "loading" else None
         buffered, buffered_tokens = self.buffered()
-        slots = self._slots()
+        slots = self._slots(stats)
         return ReplicaHeartbeat(
             replica_id=self._replica_id,
             pool=self._pool,
@@ -77,14 +77,16 @@ class Heartbeat:
             sent_at=time.time(),
         )
 
-    def _slots(self) -> int:
+    def _slots(self, stats: EngineStats | None) -> int:
         """The sequence slots this replica offers: the engine's ``max_num_seqs``, or fewer
         under the TPOT cap (`LoadTracker.seq_cap`), so admission counts only slots that
-        jobs may really start in; 0 before the engine is there."""
+        jobs may really start in (the pull loop asks the same, `workers.load_view`); 0 before
+        the engine is there."""
         if self.engine is None:
             return 0
         limit = self.engine.max_num_seqs
-        return self.load.seq_cap(limit) if self.load is not None else limit
+        rate = stats.prefill_tokens_per_s if stats is not None else 0.0
+        return self.load.seq_cap(limit, rate) if self.load is not None else limit
 
     def _prefill_rate(self, stats: EngineStats | None) -> float:
         """The engine's own measure when it has one, else first-token timings of jobs."""

@@ -93,6 +93,8 @@ class LoadTracker:
         """Seconds recent finished jobs held a slot, start to finish."""
         self._outputs: deque[int] = deque(maxlen=window)
         """Tokens recent finished jobs produced."""
+        self._computed: deque[int] = deque(maxlen=window)
+        """Prompt tokens recent jobs prefilled (not served from the prefix cache)."""
         self._token_gap_s = 0.0
         """Moving average of the seconds between a running job's tokens (0: none timed)."""
         self._last_progress = clock()
@@ -146,6 +148,7 @@ class LoadTracker:
             seconds = now - progress.started_at
             if prefilled > 0 and seconds > 0:
                 self._prefills.append((prefilled, seconds))
+            self._computed.append(max(prefilled, 0))
             self._prefilling -= 1
             self._producing += 1
             self._context += progress.prompt_tokens
@@ -186,19 +189,22 @@ class LoadTracker:
             self._producing -= 1
             self._context -= progress.prompt_tokens + progress.produced
 
-    def seq_cap(self, max_num_seqs: int) -> int:
-        """The most sequences that may run so that a decode step stays within the TPOT SLO
-        (`StepTimeModel.cap`, at the context per sequence of recent steps): ``max_num_seqs``
-        without an SLO or before the steps say anything, never above it, never below 1.
-        Logs ``seq_cap_changed`` when the answer moves by a tenth or more from the last one
-        logged (a cap at its balance point moves by one sequence every refit)."""
+    def seq_cap(self, max_num_seqs: int, prefill_tokens_per_s: float = 0.0) -> int:
+        """The most sequences that may run so that their token gaps stay within the TPOT SLO
+        (`StepTimeModel.cap`, at the context per sequence of recent steps, with the prefill
+        each brings: `prefill_s_per_seq`, at the engine's ``prefill_tokens_per_s`` or, without
+        it, this tracker's own measure): ``max_num_seqs`` without an SLO or before the steps
+        say anything, never above it, never below 1. Logs ``seq_cap_changed`` when the answer
+        moves by a tenth or more from the last one logged (a cap at its balance point moves by
+        one sequence every refit)."""
         model = self.step_times
         if model is None or self.tpot_slo_s is None:
             return max_num_seqs
         fit = model.current
         if fit is None:
             return max_num_seqs
-        cap = model.cap(self.tpot_slo_s, fit.context_per_seq, max_num_seqs)
+        prefill_s = self.prefill_s_per_seq(prefill_tokens_per_s)
+        cap = model.cap(self.tpot_slo_s, fit.context_per_seq, max_num_seqs, prefill_s)
         previous = self._cap if self._cap is not None else max_num_seqs
         if abs(cap - previous) >= max(1.0, previous / 10):
             self._cap = cap
@@ -209,9 +215,27 @@ class LoadTracker:
                 step_s=round(fit.predict(cap, cap * fit.context_per_seq), 5),
                 slo=self.tpot_slo_s,
                 context_per_seq=round(fit.context_per_seq),
+                prefill_s_per_seq=round(prefill_s, 5),
                 samples=fit.samples,
             )
         return cap
+
+    def prefill_s_per_seq(self, prefill_tokens_per_s: float = 0.0) -> float:
+        """Seconds of prefill a running sequence adds to each token gap of its neighbours
+        while the slots stay full: its successor's prompt (the mean prompt tokens recent jobs
+        prefilled) at ``prefill_tokens_per_s`` (else this tracker's measure), spread over its
+        own output: the mean tokens recent finished jobs produced or, before one finished, the
+        mean max_tokens of the held jobs (an upper bound, so the term starts low, not high).
+        0 before a job prefilled."""
+        rate = prefill_tokens_per_s if prefill_tokens_per_s > 0 else self.prefill_tokens_per_s()
+        if self._outputs:
+            output = sum(self._outputs) / len(self._outputs)
+        else:
+            limits = [p.job.sampling.max_tokens for p in self._jobs.values()]
+            output = sum(limits) / len(limits) if limits else 0.0
+        if rate <= 0 or output <= 0 or not self._computed:
+            return 0.0
+        return sum(self._computed) / len(self._computed) / rate / output
 
     def mean_job_s(self) -> float:
         """Mean slot-holding time of recent jobs that ran (0 until one finished)."""

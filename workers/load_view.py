@@ -34,12 +34,13 @@ def engine_load(
     )
     waiting_teams = [job.team for job in waiting]
     behaviour = teams.behaviour(held, waiting_teams)
+    stats = engine.stats()
     return EngineLoad.from_stats(
-        engine.stats(),
+        stats,
         in_flight=len(running),
         # Fewer slots while the TPOT cap says more sequences would slow every step past the
         # SLO; jobs already running over a lowered cap keep running (see preemption_needed).
-        max_num_seqs=tracker.seq_cap(engine.max_num_seqs),
+        max_num_seqs=tracker.seq_cap(engine.max_num_seqs, stats.prefill_tokens_per_s),
         kv_capacity_tokens=engine.kv_capacity_tokens,
         reserved_tokens=reserved,
         # Interactive partitions are fetched whenever a fetched job could start (a free

@@ -12,7 +12,19 @@ least squares over a window of recent steps, after discarding outliers (a step t
 a prefill chunk, a pause of the worker's own event loop) by their distance from the fit in
 median absolute deviations. `StepTimeModel.cap` is the largest batch whose predicted step
 stays within a TPOT SLO: the worker starts no job beyond it, so decode never exceeds the SLO
-because too many sequences run (what it cannot help: a prefill chunk sharing a step).
+because too many sequences run.
+
+A decode-only step is not all a running sequence waits for: while the slots are full, every
+sequence that ends makes room for one that starts, and that one's prefill runs in steps the
+others share. Amortised over a sequence's life, each running sequence brings its successor's
+prefill, ``prefill_s / output_tokens`` seconds per token, to every neighbour's token gap, so a
+full batch of ``n`` sequences makes tokens every
+
+    tpot_s = a + (b + c * context_per_seq + prefill_s_per_seq) * n
+
+seconds. The term is additive, from what a job costs (its prompt at the engine's prefill rate,
+its output tokens), not a measured stretch of token gaps: a stretch measured under the cap
+moves with the cap, and dividing by it fed back until the cap fell to 1.
 
 Pure logic, no I/O: `workers.load.LoadTracker` feeds it and asks it for the cap.
 """
@@ -141,18 +153,26 @@ class StepTimeModel:
         fit = self.current
         return None if fit is None else fit.predict(n, context_tokens)
 
-    def cap(self, tpot_slo_s: float, context_per_seq: float, max_num_seqs: int) -> int:
-        """The most sequences (each holding ``context_per_seq`` tokens) whose predicted step
-        stays within ``margin`` x ``tpot_slo_s``: at most ``max_num_seqs``, at least 1 (even
-        when a single sequence is predicted over the SLO: nothing but running fewer helps,
-        and none would be worse); ``max_num_seqs`` before the first fit."""
+    def cap(
+        self,
+        tpot_slo_s: float,
+        context_per_seq: float,
+        max_num_seqs: int,
+        prefill_s_per_seq: float = 0.0,
+    ) -> int:
+        """The most sequences (each holding ``context_per_seq`` tokens and bringing
+        ``prefill_s_per_seq`` seconds of its successor's prefill to each step, see the module)
+        whose predicted token gap stays within ``margin`` x ``tpot_slo_s``: at most
+        ``max_num_seqs``, at least 1 (even when a single sequence is predicted over the SLO:
+        nothing but running fewer helps, and none would be worse); ``max_num_seqs`` before
+        the first fit."""
         if tpot_slo_s <= 0:
             raise ValueError("tpot_slo_s must be positive")
         fit = self.current
         if fit is None or max_num_seqs <= 1:
             return max_num_seqs
         budget = self.margin * tpot_slo_s - fit.a
-        per_seq = fit.b + fit.c * max(context_per_seq, 0.0)
+        per_seq = fit.b + fit.c * max(context_per_seq, 0.0) + max(prefill_s_per_seq, 0.0)
         if per_seq <= 0.0:
             return max_num_seqs if budget >= 0 else 1
         most = math.floor(budget / per_seq + 1e-9)
