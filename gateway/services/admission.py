@@ -165,9 +165,13 @@ class TtftCalibration:
 
     - the overhead (the hop, the engine step that makes the first token), from requests that
       had nothing ahead of them: actual - own prefill;
-    - a factor on the wait, from requests that waited: (actual - overhead - own prefill) /
-      predicted wait, averaged in log space and bounded, so one wild measurement cannot make
-      it absurd;
+    - a factor on the wait, from requests that waited: the moving sum of what they waited
+      (actual - overhead - own prefill) over the moving sum of their predicted waits, and
+      bounded. A ratio of sums, not an average of ratios: a request predicted to wait 10 ms
+      that waited 80 ms (the engine step its prefill shared with eight decoding streams) says
+      little about how long a 300 ms wait takes, yet as a ratio it counted as much as one,
+      and on the CPU stack at 4-6 requests/s such requests drove the factor to its bound of
+      8 and the backlog refused most of what the engine would have served in time;
     - how far single waits stray from that, in seconds (the moving average of the squared
       error), so admission can judge a high percentile of the TTFT instead of its typical value.
 
@@ -175,18 +179,35 @@ class TtftCalibration:
     TTFT moves the estimates a step, not to the outlier.
     """
 
-    def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.25, 8.0)) -> None:
-        if not 0 < weight <= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
-            raise ValueError("the weight lies in (0, 1] and the bounds around 1")
+    def __init__(
+        self,
+        weight: float = 0.2,
+        bounds: tuple[float, float] = (0.25, 8.0),
+        factor_weight: float = 0.05,
+    ) -> None:
+        if not 0 < weight <= 1 or not 0 < factor_weight <= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
+            raise ValueError("the weights lie in (0, 1] and the bounds around 1")
         self.weight = weight
-        self._log_bounds = (math.log(bounds[0]), math.log(bounds[1]))
-        self._log_factor: dict[str, float] = {}
+        """What each request weighs in the overhead's and the spread's moving averages."""
+        self.factor_weight = factor_weight
+        """What each request that waited weighs in the factor's moving sums: longer-lived than
+        the overhead, so that the few long waits, which carry the sums, are not forgotten
+        between them."""
+        self.bounds = bounds
+        self._waited_s: dict[str, float] = {}
+        """Per pool, the moving sum of what requests that waited waited beyond the overhead."""
+        self._wait_s: dict[str, float] = {}
+        """Per pool, the moving sum of their predicted waits."""
         self._overhead_s: dict[str, float] = {}
         self._variance: dict[str, float] = {}
 
     def factor(self, pool: str) -> float:
         """What the pool's raw waits are multiplied by (1 until a request has waited)."""
-        return math.exp(self._log_factor.get(pool, 0.0))
+        wait_s = self._wait_s.get(pool, 0.0)
+        if wait_s <= 0:
+            return 1.0
+        low, high = self.bounds
+        return min(max(self._waited_s[pool] / wait_s, low), high)
 
     def spread_s(self, pool: str) -> float:
         """The standard deviation of actual - predicted wait, in seconds (0 until measured)."""
@@ -207,18 +228,17 @@ class TtftCalibration:
             sample = min(max(beyond_overhead, 0.0), bound)
             self._overhead_s[pool] = overhead + self.weight * (sample - overhead)
         elif actual_s > 0:
-            low, high = self._log_bounds
-            waited = max(beyond_overhead - overhead, _EPSILON)
-            log_factor = self._log_factor.get(pool, 0.0)
-            expected_s = math.exp(log_factor) * prediction.wait_s
+            waited = max(beyond_overhead - overhead, 0.0)
+            expected_s = self.factor(pool) * prediction.wait_s
             bound = OUTLIER_RATIO * max(expected_s, self.spread_s(pool), MIN_ESTIMATE_S)
             error_s = min(max(waited - expected_s, -bound), bound)
             variance = self._variance.get(pool, 0.0)
             self._variance[pool] = variance + self.weight * (error_s**2 - variance)
-            step = math.log(waited / prediction.wait_s) - log_factor
-            step = min(max(step, -math.log(OUTLIER_RATIO)), math.log(OUTLIER_RATIO))
-            log_factor = min(max(log_factor + self.weight * step, low), high)
-            self._log_factor[pool] = log_factor
+            # Each request counts at most OUTLIER_RATIO times the wait the factor expects.
+            counted_s = min(waited, OUTLIER_RATIO * max(expected_s, MIN_ESTIMATE_S))
+            w = self.factor_weight
+            self._waited_s[pool] = (1 - w) * self._waited_s.get(pool, 0.0) + w * counted_s
+            self._wait_s[pool] = (1 - w) * self._wait_s.get(pool, 0.0) + w * prediction.wait_s
         return self.factor(pool)
 
 

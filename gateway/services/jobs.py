@@ -288,8 +288,15 @@ def _predicted(prediction: TtftPrediction | None) -> dict[str, float | str | Non
         "predicted_ttft_s": round(prediction.ttft_s, 4),
         "predicted_basis": prediction.basis,
         "predicted_wait_s": round(prediction.wait_s, 4),
+        "predicted_prefill_s": round(prediction.prefill_s, 4),
         "predicted_slot_wait_s": round(prediction.slot_wait_s, 4),
         "predicted_running": prediction.running,
+        "pool_predicted_ttft_s": _rounded(prediction.pool_prediction),
+        "pool_predicted_wait_s": (
+            None
+            if prediction.pool_prediction is None
+            else round(prediction.pool_prediction.wait_s, 4)
+        ),
     }
 
 

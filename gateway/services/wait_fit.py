@@ -25,15 +25,24 @@ busy pool few have).
   decoding streams waits for while its slot wait and the prompts ahead are both 0.
 
 Weak priors hold the three factors near 1 and the decode cost at 0 while what they multiply
-barely varies (then the overhead carries it). Each request weighs 1 / its actual TTFT
-squared, so the fit minimises relative errors (how prediction error is judged) and a few
-long waits cannot drag the short TTFTs' overhead up. The spread of single requests around
-the fit (the moving root mean square of log(actual / predicted), each clamped to a factor of
-e^2, from the second request on: the first was predicted from defaults, not the fit) is what
-admission's margin for a high percentile uses: relative, because a wait's error
-grows with the wait (a flooding team's long waits must not widen the margin of a steady
-team's short ones), in logs and clamped, so one wild over-prediction cannot blow the margin
-up.
+barely varies (then the overhead carries it). Each request weighs 1 / max(its actual TTFT, its
+raw prediction)^2, the raw prediction being the default overhead plus the request's own prefill
+and both waits at a factor of 1 (known before the outcome, not learnt). So the fit minimises
+relative errors (how prediction error is judged), each relative to the larger of the two, so no
+single request dominates it from either side: a few long unforeseen waits cannot drag the short
+TTFTs' overhead up (their actual is the scale), and a request that started at once although the
+heartbeat said a slot was a second away (a job ended early, a slot freed between heartbeats)
+cannot drag the slot factor down for all the others (its raw wait is the scale). Weighed by the
+actual alone, that one request weighed 60-100 times as much as each of the dozens whose
+one-second slot waits came true: on the CPU engine the slot factor sat at its floor and the
+requests that waited a second for a slot were predicted at a third of it.
+
+The spread of single requests around the fit (the moving root mean square of log(actual /
+predicted), each clamped to a factor of e^2, from the second request on: the first was
+predicted from defaults, not the fit) is what admission's margin for a high percentile uses:
+relative, because a wait's error grows with the wait (a flooding team's long waits must not
+widen the margin of a steady team's short ones), in logs and clamped, so one wild
+over-prediction cannot blow the margin up.
 """
 
 from __future__ import annotations
@@ -52,6 +61,10 @@ MIN_ACTUAL_S = 0.005
 MIN_OWN_FACTOR = 0.1
 """The least factor on a request's own prefill: a rate estimate that jumped may make the
 prefill look nearly free for a while, never entirely (long prompts must still cost more)."""
+
+MIN_SLOT_FACTOR = 0.25
+"""The least factor on a slot wait (the heartbeat's slot ends may be too late, never by 4x
+for long)."""
 
 MAX_DECODE_COST_S = 1.0
 """The most the decode term may add per running sequence (a bound on a wild fit)."""
@@ -141,7 +154,7 @@ class WaitFit:
             return WaitLine(default_overhead_s, 1.0, 1.0)
         own, slot, prefill, decode = solved
         own = min(max(own, MIN_OWN_FACTOR), self.max_factor)
-        slot = min(max(slot, 0.25), self.max_factor)
+        slot = min(max(slot, MIN_SLOT_FACTOR), self.max_factor)
         prefill = min(max(prefill, 0.0), self.max_factor)
         decode = min(max(decode, 0.0), MAX_DECODE_COST_S)
         coef = (own, slot, prefill, decode)
@@ -173,7 +186,8 @@ class WaitFit:
         fitted = pool in self._sums  # else the prediction was the defaults, not a fit
         s = self._sums.setdefault(pool, _Sums())
         k = self.decay
-        v = 1 / max(actual_s, MIN_ACTUAL_S) ** 2
+        raw_s = default_overhead_s + own_prefill_s + slot_wait_s + prefill_ahead_s
+        v = 1 / max(actual_s, raw_s, MIN_ACTUAL_S) ** 2
         x = (own_prefill_s, slot_wait_s, prefill_ahead_s, float(running))
         s.weight = s.weight * k + v
         s.y = s.y * k + v * actual_s

@@ -230,6 +230,26 @@ def test_the_fit_weighs_relative_errors() -> None:
     assert fit.spread_log("p") > 0.2  # and the spread shows the misses, for the margin
 
 
+def test_a_few_early_starts_do_not_pull_the_slot_factor_down() -> None:
+    """The CPU stack at 6 requests/s: slot waits of 0.3-1.3 s came true (actual = overhead +
+    prefill + slot wait), but one request in eight started at once although its heartbeat
+    said a slot was that far away (a job ended early). Weighed by 1 / actual^2, each early
+    start outweighed 60 true waits and the slot factor fell to its floor; the requests that
+    waited a second were predicted at a third of it."""
+    fit = WaitFit()
+    for i in range(400):
+        slot = 0.3 + (i % 6) * 0.2
+        actual = 0.12 if i % 8 == 0 else 0.05 + 0.07 + slot
+        fit.observe(
+            "p", own_prefill_s=0.07, slot_wait_s=slot, prefill_ahead_s=0.0, actual_s=actual,
+            default_overhead_s=0.05,
+        )  # fmt: skip
+    line = fit.line("p", 0.05)
+    assert line.slot_factor > 0.7  # weighed by the actual alone: 0.25, the floor
+    # a request behind a one-second slot wait is predicted at most 25% short of it
+    assert line.ttft_s(0.07, 1.0, 0.0) > 0.75 * (0.05 + 0.07 + 1.0)
+
+
 def test_a_worker_reports_when_its_jobs_will_end() -> None:
     clock = FakeClock()
     tracker = LoadTracker(clock=clock)
