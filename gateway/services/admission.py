@@ -354,12 +354,15 @@ class AdmissionController:
         pool: str = "",
         slots: PoolSlots = PoolSlots(),
         margin: bool = True,
+        max_factor: float = math.inf,
     ) -> int:
         """The most queued units (this request's `job_units` included) that still meet the
-        SLO (its admitted percentile, or without ``margin`` its typical value). The backlog
-        adapter applies it atomically, so concurrent admissions cannot overshoot."""
+        SLO (its admitted percentile, or without ``margin`` its typical value), with the
+        calibration factor taken as at most `max_factor`. The backlog adapter applies it
+        atomically, so concurrent admissions cannot overshoot."""
         rate = self.predictor.rate(prefill_tokens_per_s)
-        wait_budget_s = self._wait_budget_s(pool, prompt_tokens / rate, slo_s, margin)
+        prefill_s = prompt_tokens / rate
+        wait_budget_s = self._wait_budget_s(pool, prefill_s, slo_s, margin, max_factor)
         credit = slots.total * slots.slot_tokens(rate)
         return math.floor(wait_budget_s * rate + _EPSILON) + prompt_tokens + credit
 
@@ -418,12 +421,17 @@ class AdmissionController:
         return self.calibration.overhead(pool, self.predictor.overhead_s)
 
     def _wait_budget_s(
-        self, pool: str, prefill_s: float, slo_s: float | None, margin: bool = True
+        self,
+        pool: str,
+        prefill_s: float,
+        slo_s: float | None,
+        margin: bool = True,
+        max_factor: float = math.inf,
     ) -> float:
         """The raw wait that still meets the SLO: (SLO - overhead - own prefill - the margin
-        for the admitted percentile) / factor, never below 0 (a prompt too long for the SLO
-        is admitted once nothing is ahead)."""
+        for the admitted percentile) / factor (at most `max_factor`), never below 0 (a prompt
+        too long for the SLO is admitted once nothing is ahead)."""
         slo = self.default_slo_s if slo_s is None else slo_s
         margin_s = self.z * self.calibration.spread_s(pool) if margin else 0.0
         left = slo - self._overhead(pool) - prefill_s - margin_s
-        return max(left / self.calibration.factor(pool), 0.0)
+        return max(left / min(self.calibration.factor(pool), max_factor), 0.0)

@@ -191,7 +191,13 @@ class JobIntake:
                 slo_s=deployment.ttft_slo_s,
                 pool=pool,
                 slots=slots,
-                margin=False,  # the typical TTFT here; its percentile after routing
+                # The typical TTFT, at the raw wait when calibration says waits run longer:
+                # this gate refuses what is late even so; what the factor adds, and the
+                # percentile, are judged after routing, on the replica's slots where its
+                # heartbeat tells (a pool-wide factor learnt from short waits that took a
+                # whole engine step refused most of what the engine served in time).
+                margin=False,
+                max_factor=1.0,
             )
             outcome = await self._backlog.try_add(
                 pool, tier, units, limit, team=team.name, waiting_tokens=len(prompt)

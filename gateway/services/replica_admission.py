@@ -2,9 +2,10 @@
 run it (`gateway.services.replica_wait`), not on the pool's average.
 
 The pool's backlog is the first, atomic gate (concurrent admissions cannot overshoot it, and
-it applies fair queuing between teams); it admits up to the SLO at the typical TTFT. Here the
-request's percentile is judged: on its replica's slots when that replica's heartbeat can tell,
-else on the pool's prediction with its margin. Jobs admitted here are remembered per replica
+it applies fair queuing between teams); it admits up to the SLO at the typical TTFT of its
+raw wait (a calibration factor above 1 is left to this look). Here the request's percentile
+is judged: on its replica's slots when that replica's heartbeat can tell, else on the pool's
+calibrated prediction with its margin. Jobs admitted here are remembered per replica
 until its heartbeats show them.
 """
 
