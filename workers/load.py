@@ -193,16 +193,17 @@ class LoadTracker:
         """The most sequences that may run so that their token gaps stay within the TPOT SLO
         (`StepTimeModel.cap`, at the context per sequence of recent steps, with the prefill
         each brings: `prefill_s_per_seq`, at the engine's ``prefill_tokens_per_s`` or, without
-        it, this tracker's own measure): ``max_num_seqs`` without an SLO or before the steps
-        say anything, never above it, never below 1. Logs ``seq_cap_changed`` when the answer
-        moves by a tenth or more from the last one logged (a cap at its balance point moves by
-        one sequence every refit)."""
+        it, this tracker's own measure): ``max_num_seqs`` without an SLO, the slow start
+        (`workers.step_time.START_CAP`) before the steps say anything, never above
+        ``max_num_seqs``, never below 1. Logs ``seq_cap_changed`` when the answer moves by a
+        tenth or more from the last one logged (a cap at its balance point moves by one
+        sequence every refit)."""
         model = self.step_times
         if model is None or self.tpot_slo_s is None:
             return max_num_seqs
         fit = model.current
         if fit is None:
-            return max_num_seqs
+            return model.cap(self.tpot_slo_s, 0.0, max_num_seqs)  # the slow start
         prefill_s = self.prefill_s_per_seq(prefill_tokens_per_s)
         cap = model.cap(self.tpot_slo_s, fit.context_per_seq, max_num_seqs, prefill_s)
         previous = self._cap if self._cap is not None else max_num_seqs

@@ -12,7 +12,7 @@ least squares over a window of recent steps, after discarding outliers (a step t
 a prefill chunk, a pause of the worker's own event loop) by their distance from the fit in
 median absolute deviations. `StepTimeModel.cap` is the largest batch whose predicted step
 stays within a TPOT SLO: the worker starts no job beyond it, so decode never exceeds the SLO
-because too many sequences run.
+because too many sequences run. Before the first fit it starts low and grows (`START_CAP`).
 
 A decode-only step is not all a running sequence waits for: while the slots are full, every
 sequence that ends makes room for one that starts, and that one's prefill runs in steps the
@@ -39,6 +39,14 @@ from dataclasses import dataclass
 
 from llmq.linear import solve
 
+START_CAP = 4
+"""Where the cap starts before the first fit (a slow start). A worker that has timed no steps
+cannot know its batch limit: without a start, a new CPU worker at 2 requests/s ran its first
+37 requests 12-16 together at a TPOT of 115-200 ms against a 100 ms SLO, until 32 steps gave
+the first fit and a cap of 2. Until that fit, the cap is one more than the largest batch
+whose decode step was timed within the SLO's margin, so a full batch grows it one sequence at
+a time and the window gets the different batch sizes a fit needs (a fixed start cap that the
+batch always fills would give steps of a single size, and never a fit)."""
 SAFETY_MARGIN = 0.9
 """The cap keeps the predicted step time at or under this fraction of the SLO: the 10% left
 absorbs what the fit cannot see (jitter between steps, the running jobs' contexts growing
@@ -118,6 +126,8 @@ class StepTimeModel:
         self.margin = margin
         self._since_fit = 0
         self._fit: StepTimeFit | None = None
+        self._fastest: dict[int, float] = {}
+        """The shortest step timed for each batch size: what the cap grows by before a fit."""
 
     def add(self, n: int, context_tokens: int, step_s: float) -> None:
         """One decode step of ``n`` sequences holding ``context_tokens`` that took ``step_s``
@@ -127,6 +137,8 @@ class StepTimeModel:
             return
         self._samples.append((n, context_tokens, step_s))
         self._since_fit += 1
+        if self._fit is None:
+            self._fastest[n] = min(step_s, self._fastest.get(n, math.inf))
 
     @property
     def sample_count(self) -> int:
@@ -164,12 +176,17 @@ class StepTimeModel:
         ``prefill_s_per_seq`` seconds of its successor's prefill to each step, see the module)
         whose predicted token gap stays within ``margin`` x ``tpot_slo_s``: at most
         ``max_num_seqs``, at least 1 (even when a single sequence is predicted over the SLO:
-        nothing but running fewer helps, and none would be worse); ``max_num_seqs`` before
-        the first fit."""
+        nothing but running fewer helps, and none would be worse). Before the first fit, the
+        slow start: one more than the largest batch timed within ``margin`` x ``tpot_slo_s``,
+        at least `START_CAP`, at most ``max_num_seqs``."""
         if tpot_slo_s <= 0:
             raise ValueError("tpot_slo_s must be positive")
         fit = self.current
-        if fit is None or max_num_seqs <= 1:
+        if fit is None:
+            budget_s = self.margin * tpot_slo_s
+            timed = (n for n, step_s in self._fastest.items() if step_s <= budget_s)
+            return min(max_num_seqs, max(START_CAP, max(timed, default=0) + 1))
+        if max_num_seqs <= 1:
             return max_num_seqs
         budget = self.margin * tpot_slo_s - fit.a
         per_seq = fit.b + fit.c * max(context_per_seq, 0.0) + max(prefill_s_per_seq, 0.0)

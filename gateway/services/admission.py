@@ -51,6 +51,16 @@ MIN_ESTIMATE_S = 0.01
 """The least estimate the outlier bound is taken relative to (an overhead learnt near 0 must
 still be able to grow)."""
 
+BACKLOG_GATE_SLACK = 2.0
+"""The pool's backlog gate (before routing) admits up to this many times the raw wait that
+the SLO leaves on the pool's averages. The gate is what concurrent admissions cannot overshoot
+and what applies fair queuing between teams; whether a request meets the SLO is judged after
+routing, on its replica's slots (`gateway.services.replica_admission`), which know when a slot
+frees. On averages alone, a replica capped at 2 slots by the TPOT SLO, with jobs of 2.2 s, had
+every request that found both slots taken predicted to wait 1.1 s and refused, so a slot
+stood idle until the next arrival: on the CPU stack llmq admitted 0.5 requests/s of an engine
+that could serve 0.9."""
+
 MAX_REPLICA_MARGIN = 2.0
 """A replica-basis prediction is judged at its percentile, at most twice the prediction: a
 fit still wild (few requests, an engine whose times scatter, like a CPU engine's) must not
@@ -355,14 +365,16 @@ class AdmissionController:
         slots: PoolSlots = PoolSlots(),
         margin: bool = True,
         max_factor: float = math.inf,
+        slack: float = 1.0,
     ) -> int:
         """The most queued units (this request's `job_units` included) that still meet the
         SLO (its admitted percentile, or without ``margin`` its typical value), with the
-        calibration factor taken as at most `max_factor`. The backlog adapter applies it
-        atomically, so concurrent admissions cannot overshoot."""
+        calibration factor taken as at most `max_factor` and the wait allowed times `slack`.
+        The backlog adapter applies it atomically, so concurrent admissions cannot
+        overshoot."""
         rate = self.predictor.rate(prefill_tokens_per_s)
         prefill_s = prompt_tokens / rate
-        wait_budget_s = self._wait_budget_s(pool, prefill_s, slo_s, margin, max_factor)
+        wait_budget_s = slack * self._wait_budget_s(pool, prefill_s, slo_s, margin, max_factor)
         credit = slots.total * slots.slot_tokens(rate)
         return math.floor(wait_budget_s * rate + _EPSILON) + prompt_tokens + credit
 

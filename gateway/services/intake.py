@@ -23,6 +23,7 @@ import structlog
 from gateway.auth import Team
 from gateway.errors import ApiError
 from gateway.services.admission import (
+    BACKLOG_GATE_SLACK,
     AdmissionController,
     TtftPrediction,
     pool_prefill_rate,
@@ -191,13 +192,13 @@ class JobIntake:
                 slo_s=deployment.ttft_slo_s,
                 pool=pool,
                 slots=slots,
-                # The typical TTFT, at the raw wait when calibration says waits run longer:
-                # this gate refuses what is late even so; what the factor adds, and the
-                # percentile, are judged after routing, on the replica's slots where its
-                # heartbeat tells (a pool-wide factor learnt from short waits that took a
-                # whole engine step refused most of what the engine served in time).
+                # A coarse bound: the typical TTFT at the raw wait (a pool-wide factor learnt
+                # from short waits that took a whole engine step refused most of what the
+                # engine served in time), with slack; the request itself is judged after
+                # routing, on its replica's slots where the heartbeat tells.
                 margin=False,
                 max_factor=1.0,
+                slack=BACKLOG_GATE_SLACK,
             )
             outcome = await self._backlog.try_add(
                 pool, tier, units, limit, team=team.name, waiting_tokens=len(prompt)

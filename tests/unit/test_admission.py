@@ -188,11 +188,12 @@ def test_a_calibrated_admission_shrinks_the_wait_budget_by_its_factor() -> None:
     slower = controller.queue_limit(prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p")
     # 0.9 s of the SLO is left for waiting: 900 units ahead raw, 450 at twice the time
     assert (raw, slower) == (900 + 100, 450 + 100)
-    # the pool's gate before routing takes the raw wait: the factor is judged after it
+    # the pool's gate before routing takes the raw wait, with slack: the request's own
+    # prediction, the factor included, is judged after routing
     gate = controller.queue_limit(
-        prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p", max_factor=1.0
+        prompt_tokens=100, prefill_tokens_per_s=1_000, pool="p", max_factor=1.0, slack=2.0
     )
-    assert gate == raw
+    assert gate == 2 * 900 + 100
     decision = controller.decide(
         tier="interactive", prompt_tokens=100, queued_tokens=500, prefill_tokens_per_s=1_000,
         pool="p",

@@ -16,7 +16,7 @@ from workers.headroom import HeadroomPolicy
 from workers.heartbeat import Heartbeat
 from workers.load import LoadTracker
 from workers.load_view import engine_load
-from workers.step_time import MIN_SAMPLES, SAFETY_MARGIN, StepTimeModel
+from workers.step_time import MIN_SAMPLES, SAFETY_MARGIN, START_CAP, StepTimeModel
 from workers.team_activity import TEAM_ACTIVE_S, TeamActivity
 
 
@@ -128,17 +128,32 @@ def test_cap_for_a_known_model_and_slo(
         assert fit.predict(cap + 1, (cap + 1) * per_seq) > SAFETY_MARGIN * slo
 
 
-def test_no_cap_without_enough_samples_or_spread() -> None:
+def test_without_enough_samples_or_spread_the_cap_is_the_slow_start() -> None:
     model = StepTimeModel()
     for n in (1, 2, 3) * ((MIN_SAMPLES - 1) // 3):
         model.add(n, 1_000 * n, 0.5 * n)
     assert model.fit() is None
     assert model.predict(8, 8_000) is None
-    assert model.cap(0.05, 1_000, 64) == 64
+    assert model.cap(0.05, 1_000, 64) == START_CAP < 64
+    assert model.cap(0.05, 1_000, 2) == 2  # never above the engine's slots
     one_size = StepTimeModel()
     for _ in range(200):  # many samples, one batch size: no slope to extrapolate with
         one_size.add(16, 16_000, 0.5)
-    assert one_size.cap(0.05, 1_000, 64) == 64
+    assert one_size.cap(0.05, 1_000, 64) == START_CAP
+
+    started = StepTimeModel()  # 10 ms + 1 ms a sequence: a batch of 35 is within 0.9 x 50 ms
+    for n in (4, 5, 6, 7):  # a full batch: each step timed within the SLO lifts the cap by one
+        for _ in range(3):
+            started.add(n, 1_000 * n, 0.01 + 0.001 * n)
+        assert started.fit() is None  # too few samples
+        assert started.cap(0.05, 1_000, 64) == n + 1
+    started.add(40, 40_000, 0.05)  # over 45 ms: does not lift it
+    assert started.cap(0.05, 1_000, 64) == 8
+    assert started.cap(0.05, 1_000, 6) == 6
+    for n in (4, 5, 6, 7) * 5:  # the sizes the slow start let run give a first fit
+        started.add(n, 1_000 * n, 0.01 + 0.001 * n)
+    assert started.fit() is not None
+    assert started.cap(0.05, 1_000, 64) == 35
 
 
 def test_a_window_without_spread_keeps_the_previous_fit() -> None:
