@@ -109,6 +109,9 @@ def bench_goodput(
     max_num_seqs: Annotated[
         int, typer.Option(help="The direct target's slots (set it to the stack's).")
     ] = 16,
+    warm_up: Annotated[
+        int, typer.Option(help="Unmeasured requests to each target first, 4 at a time.")
+    ] = 8,
     plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path("goodput.png"),
     json_path: JsonOption = None,
 ) -> None:
@@ -125,7 +128,7 @@ def bench_goodput(
             "base_url": base_url, "api_key": api_key, "model": model, "rates": rate,
             "requests": requests, "duration_s": duration_s, "max_tokens": max_tokens,
             "ttft_slo_s": ttft_slo_s, "tpot_slo_s": tpot_slo_s, "targets": target, "engine": engine,
-            "max_num_seqs": max_num_seqs,
+            "max_num_seqs": max_num_seqs, "warm_up_requests": warm_up,
         }
     )  # fmt: skip
     try:

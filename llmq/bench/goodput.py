@@ -40,6 +40,8 @@ from llmq.bench.stats import percentile
 from llmq.bench.stream_request import RequestSample, one_request
 
 PREDICTION_METRIC = "llmq_ttft_prediction_abs_error_ratio"
+WARM_UP_CONCURRENCY = 4
+"""Warm-up requests sent to a target at once."""
 
 
 class GoodputSettings(BaseModel):
@@ -56,6 +58,11 @@ class GoodputSettings(BaseModel):
     requests, so every level lasts as long and an overload is sustained (a fixed count gives
     a fast rate only a few seconds, too short for the direct server's queue to build)."""
     max_tokens: int = Field(default=32, ge=1)
+    warm_up_requests: int = Field(default=8, ge=0)
+    """Unmeasured requests to each target before the first rate, `WARM_UP_CONCURRENCY` at a
+    time (after one alone that must succeed): the engines run their first batches of several
+    sequences (a CPU engine's first ones take seconds), and llmq's TTFT fit and TPOT cap have
+    their first samples. Without it the first rate measured a cold start, not the rate."""
     ttft_slo_s: float = 1.0
     tpot_slo_s: float = 0.1
     seed: int = 1
@@ -225,6 +232,21 @@ async def run_rate(
     return summarize_rate(target, rate, time.perf_counter() - start, list(samples), settings)
 
 
+async def warm_up_batches(client: openai.AsyncOpenAI, settings: GoodputSettings) -> None:
+    """`GoodputSettings.warm_up_requests`, in batches; their outcomes (a refusal included)
+    are not measured."""
+    left = settings.warm_up_requests
+    while left > 0:
+        batch = min(left, WARM_UP_CONCURRENCY)
+        left -= batch
+        await asyncio.gather(
+            *(
+                one_request(client, settings.model, PROMPTS[i % len(PROMPTS)], settings.max_tokens)
+                for i in range(batch)
+            )
+        )
+
+
 def _metrics_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
@@ -236,6 +258,8 @@ async def _measure(
     results: list[RateResult] = []
     try:
         await warm_up(clients, settings.model, settings.max_tokens)
+        for client in clients.values():
+            await warm_up_batches(client, settings)
         for index, rate in enumerate(settings.rates):
             order = TARGETS if index % 2 == 0 else TARGETS[::-1]
             for target in (t for t in order if t in clients):

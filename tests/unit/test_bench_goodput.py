@@ -3,8 +3,11 @@ predictor's error from two scrapes of the gateway's metrics, and the PNG plot.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from PIL import Image
 from prometheus_client import generate_latest
@@ -19,6 +22,7 @@ from llmq.bench.goodput import (
     quantile_from_buckets,
     requests_at,
     summarize_rate,
+    warm_up_batches,
 )
 from llmq.bench.plot import write_goodput_plot
 from llmq.bench.stream_request import RequestSample
@@ -88,3 +92,30 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size == (720, 440)
         assert len(image.getcolors(1 << 20) or []) > 3  # lines and text were drawn
+
+
+async def test_the_warm_up_sends_its_requests_in_batches_and_ignores_refusals() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if len(seen) % 2:  # every other one refused, as llmq's admission may
+            error = {"error": {"message": "busy", "type": "rate_limit_error", "code": "x"}}
+            return httpx.Response(429, json=error)
+        chunk = {
+            "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+        }  # fmt: skip
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client = openai.AsyncOpenAI(
+        base_url="http://llmq.test/v1", api_key="k", http_client=http, max_retries=0
+    )
+    await warm_up_batches(client, GoodputSettings(warm_up_requests=10))
+    assert seen == ["/v1/chat/completions"] * 10
+    seen.clear()
+    await warm_up_batches(client, GoodputSettings(warm_up_requests=0))
+    assert seen == []
+    await client.close()
