@@ -42,11 +42,12 @@ predicted), each clamped to a factor of e^2, from the second request on: the fir
 predicted from defaults, not the fit) is what admission's margin for a high percentile uses:
 relative, because a wait's error grows with the wait (a flooding team's long waits must not
 widen the margin of a steady team's short ones), in logs and clamped, so one wild
-over-prediction cannot blow the margin up. Each request weighs its prediction squared in it:
-the margin decides only for predictions near the SLO, and a short TTFT's relative error,
-where one engine step is a third of it, says little about a long one's. Weighed alike, on the
-CPU engine 0.2 s TTFTs that scattered by +-50% held the margin near 1.8x, and requests predicted
-0.5-0.8 s, which all met a 1 s SLO when admitted, were refused.
+over-prediction cannot blow the margin up. Each request weighs the smaller of its predicted
+and actual TTFT, squared, in it: the margin decides only for predictions near the SLO, and a
+short TTFT's relative error, where one engine step is a third of it, says little about a long
+one's (nor does a long prediction that started at once: both must be long). Weighed alike, on
+the CPU engine 0.2 s TTFTs that scattered by +-50% held the margin near 1.8x, and requests
+predicted 0.5-0.8 s, which all met a 1 s SLO when admitted, were refused.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class _Sums:
     xx: list[list[float]] = field(default_factory=lambda: [[0.0] * _TERMS for _ in range(_TERMS)])
     xy: list[float] = field(default_factory=lambda: [0.0] * _TERMS)
     count: float = 0.0
-    """The spread's weight: its samples' predictions squared."""
+    """The spread's weight: the sum of its samples' weights (see `WaitFit.spread_log`)."""
     squared_error: float = 0.0
 
 
@@ -168,7 +169,7 @@ class WaitFit:
 
     def spread_log(self, pool: str) -> float:
         """Root mean square of recent log(actual / predicted), each within +-2 and weighed by
-        its prediction squared (0 until measured)."""
+        the smaller of the two, squared (0 until measured)."""
         s = self._sums.get(pool)
         return math.sqrt(s.squared_error / s.count) if s and s.count else 0.0
 
@@ -206,7 +207,7 @@ class WaitFit:
             # the margin at its widest for dozens of requests, and a margin that refuses
             # most requests leaves few to learn a narrower one from.
             return
-        scale = max(predicted, MIN_ACTUAL_S) ** 2  # see the module docstring
+        scale = max(min(predicted, actual_s), MIN_ACTUAL_S) ** 2  # see the module docstring
         s.count = s.count * k + scale
         ratio = max(actual_s, MIN_ACTUAL_S) / max(predicted, MIN_ACTUAL_S)
         log_error = min(max(math.log(ratio), -MAX_LOG_ERROR), MAX_LOG_ERROR)

@@ -348,3 +348,9 @@ def test_short_ttfts_scatter_does_not_widen_the_margin_of_long_predictions() -> 
             actual_s=long, default_overhead_s=0.05,
         )  # fmt: skip
     assert fit.spread_log("p") < 0.2
+    for _ in range(10):  # long predictions that started at once (a slot freed early)
+        fit.observe(
+            "p", own_prefill_s=0.15, slot_wait_s=0.5, prefill_ahead_s=0.0,
+            actual_s=0.15, default_overhead_s=0.05,
+        )  # fmt: skip
+    assert fit.spread_log("p") < 0.3  # weighed by the prediction alone, they made it 0.74
