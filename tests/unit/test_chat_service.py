@@ -488,10 +488,10 @@ class GatedBucket(OpenBucket):
 
 
 async def test_a_burst_judged_at_once_counts_its_own_earlier_requests() -> None:
-    # Both slots busy with another team's jobs until 2.5 and 3 s: a team's first request is
-    # admitted however late, its second is not. Two arriving together must not both pass as
-    # the team's first while the first awaits its quota.
-    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0), teams_running=("flood",))
+    # Both slots busy until 2.5 and 3 s: a team's first request is admitted however late,
+    # its second is not. Two arriving together must not both pass as the team's first while
+    # the first awaits its quota.
+    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0))
     bucket = GatedBucket()
     service, queue, _ = await _service(directory=directory, bucket=bucket)
     burst = [asyncio.create_task(service.start(_req(), Team("t"))) for _ in range(2)]
@@ -507,7 +507,7 @@ async def test_a_burst_judged_at_once_counts_its_own_earlier_requests() -> None:
 
 
 async def test_a_job_the_quota_refuses_is_not_counted_as_waiting_on_its_replica() -> None:
-    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0), teams_running=("flood",))
+    directory = _owner(mean_job_s=5.0, slot_free_in_s=(2.5, 3.0))
     bucket = GatedBucket(refuse_first=True)
     bucket.gate.set()
     service, _, _ = await _service(directory=directory, bucket=bucket)
