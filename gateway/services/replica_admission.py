@@ -17,7 +17,7 @@ import structlog
 
 from gateway.errors import ApiError
 from gateway.services.admission import AdmissionController, TtftPrediction
-from gateway.services.replica_wait import ReplicaSends, ReplicaWait, replica_wait
+from gateway.services.replica_wait import ReplicaSends, replica_wait
 from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.messages import InferenceJob
@@ -50,18 +50,16 @@ class ReplicaAdmission:
         """Judge `job` (its prompt already in the pool's backlog) on the replica `owner` that
         its partition's heartbeat names, or on `pooled` when there is none or it cannot
         tell. As at the backlog, a team with nothing waiting (there, or with `team_queued`
-        units in the pool's backlog before it) is admitted while other teams' work is what it
-        waits behind: a flooding team is refused, the others' next requests are not. On a
-        replica that only its own team's jobs hold, its first waiting request is judged like
-        any other (admitted anyway, such requests predicted over the SLO missed it 7 times in
-        10 on the CPU stack)."""
-        prediction, exempt = pooled, team_queued == 0
+        units in the pool's backlog before it) is admitted: a flooding team is refused, the
+        others' next requests are not."""
+        prediction, team_waiting = pooled, team_queued
         if owner is not None:
             on_replica = self._on_replica(owner, job, pooled)
             if on_replica is not None:
-                prediction, wait = on_replica
-                exempt = wait.team_waiting == 0 and wait.others_there
-        retry_after = None if exempt else self._admission.retry_after(prediction, slo_s, job.pool)
+                prediction, team_waiting = on_replica
+        retry_after = self._admission.retry_after(prediction, slo_s, job.pool)
+        if team_waiting == 0:
+            retry_after = None
         return Judgement(prediction, retry_after)
 
     def sent(self, job: InferenceJob, owner: ReplicaHeartbeat | None) -> None:
@@ -101,8 +99,8 @@ class ReplicaAdmission:
 
     def _on_replica(
         self, owner: ReplicaHeartbeat, job: InferenceJob, pooled: TtftPrediction
-    ) -> tuple[TtftPrediction, ReplicaWait] | None:
-        """The prediction on `owner`'s slots and the raw wait it was made from."""
+    ) -> tuple[TtftPrediction, int] | None:
+        """The prediction on `owner`'s slots and the jobs of the team waiting there."""
         rate = self._admission.predictor.rate(owner.prefill_tokens_per_s)
         sent = self._sends.since(owner.replica_id, owner.sent_at)
         wait = replica_wait(
@@ -132,7 +130,7 @@ class ReplicaAdmission:
             team=job.team,
             pool_prediction=pooled,
         )
-        return prediction, wait
+        return prediction, wait.team_waiting
 
 
 def shed(

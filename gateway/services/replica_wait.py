@@ -135,9 +135,6 @@ class ReplicaWait:
     """Jobs of its own team waiting there for a slot (0: it is its team's first)."""
     running: int = 0
     """Sequences running there as it arrives (whose decode steps its prefill shares)."""
-    others_there: bool = False
-    """Whether other teams' jobs run or wait there: what it waits for is then, in part, their
-    work (see `gateway.services.replica_admission`)."""
 
 
 def replica_wait(
@@ -162,9 +159,4 @@ def replica_wait(
         return None
     ahead_tokens = replica.prefill_waiting_tokens + sent.prompt_tokens
     running = replica.in_flight + sent.started
-    others = any(t != team for t in replica.teams_running) or any(
-        n > 0 for t, n in waiting.items() if t != team
-    )
-    return ReplicaWait(
-        slot_s, ahead_tokens / prefill_tokens_per_s, waiting.get(team, 0), running, others
-    )
+    return ReplicaWait(slot_s, ahead_tokens / prefill_tokens_per_s, waiting.get(team, 0), running)

@@ -18,7 +18,6 @@ from gateway.services.replica_wait import ReplicaWait
 from schemas.deployment import Deployment
 from schemas.heartbeat import ReplicaHeartbeat
 from schemas.heartbeat import ReplicaState as State
-from tests.unit.test_step_time import job
 
 # Defaults: overhead 0.05 s, fallback rate 2,000 tokens/s, SLO 1.0 s.
 CASES = [
@@ -282,28 +281,3 @@ def test_a_replica_prediction_is_judged_at_its_percentile_with_its_own_fit() -> 
         prompt_tokens=5_000, wait=ReplicaWait(0.0, 0.0), prefill_tokens_per_s=1_000, pool="p"
     )
     assert idle.ttft_s > 1 and admission.retry_after(idle, None, "p") is None
-
-
-def test_a_teams_first_waiting_request_is_exempt_only_behind_other_teams_work() -> None:
-    """Both slots held for 1.5 s more: a request of team t would start late. Behind another
-    team's jobs its team's first is admitted (fair queuing serves it next); behind only its
-    own team's, it is judged like any other, and refused."""
-    admission = AdmissionController(default_slo_s=1.0)
-    request = job("next")  # team "t", sent at 0
-    slots = {
-        "replica_id": "r", "pool": "p", "model": "m", "state": "ready", "max_num_seqs": 2,
-        "in_flight": 2, "slot_free_in_s": (1.5, 1.8), "mean_job_s": 2.0,
-        "prefill_tokens_per_s": 1_000.0, "sent_at": 0.0,
-    }  # fmt: skip
-    pooled = TtftPrediction(ttft_s=0.2, wait_s=0.0, prefill_s=0.1)
-    own = ReplicaHeartbeat.model_validate({**slots, "teams_running": ("t",)})
-    judged = ReplicaAdmission(admission).judge(request, own, pooled, 1.0)
-    assert judged.prediction.basis == "replica" and judged.prediction.ttft_s > 1.5
-    assert judged.retry_after_s is not None
-    flooded = ReplicaHeartbeat.model_validate({**slots, "teams_running": ("flood",)})
-    judged = ReplicaAdmission(admission).judge(request, flooded, pooled, 1.0)
-    assert judged.prediction.ttft_s > 1.5 and judged.retry_after_s is None
-    waiting = ReplicaHeartbeat.model_validate(
-        {**slots, "teams_running": ("flood",), "buffered": {"t": 1}}
-    )
-    assert ReplicaAdmission(admission).judge(request, waiting, pooled, 1.0).retry_after_s
